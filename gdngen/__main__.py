@@ -1,0 +1,5 @@
+import sys
+
+from gdngen.cli import main
+
+sys.exit(main())

@@ -1,0 +1,107 @@
+"""`gdngen bench`: the side-by-side benchmark of DESIGN.md section 5 as a command."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _words(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="h200", help="generated target to run (default h200)")
+    parser.add_argument("--tokens", type=_ints, default=[1], help="T values, e.g. 1 or 2,4,8")
+    parser.add_argument("--batch", type=_ints, default=[1, 4, 16, 64, 256, 512])
+    parser.add_argument("--hv", type=_ints, default=[32, 64], help="value heads (H=16)")
+    parser.add_argument("--layout", type=_words, default=["k_last", "v_last"])
+    parser.add_argument("--state-dtype", type=_words, default=["bf16", "fp32"])
+    parser.add_argument(
+        "--mode",
+        type=_words,
+        default=["update"],
+        help="update (final state written, no cache) and/or verify (cache, no final write)",
+    )
+    parser.add_argument(
+        "--variants",
+        default="none",
+        help="also time single variants: none, all, or a comma list of names",
+    )
+    parser.add_argument("--peers", type=_words, default=["flashinfer", "fla"], help="or: none")
+    parser.add_argument("--replays", type=int, default=25)
+    parser.add_argument(
+        "--out", default=None, help="write OUT.json (machine-readable) and OUT.md (table)"
+    )
+
+
+def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gdngen bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from .impls import FLA, FlashInfer, Gdngen
+    from .report import environment, markdown
+    from .run import grid, run_grid
+    from .timing import copy_bandwidth
+
+    target = importlib.import_module(f"generated.{args.target}")
+    impls = [Gdngen(args.target)]
+    if args.variants == "all":
+        names = list(target.VARIANTS)
+    elif args.variants == "none":
+        names = []
+    else:
+        names = _words(args.variants)
+    impls += [Gdngen(args.target, name) for name in names]
+    available = {"flashinfer": FlashInfer, "fla": FLA}
+    for peer in args.peers:
+        if peer == "none":
+            continue
+        if peer not in available:
+            print(f"gdngen bench: unknown peer {peer!r} (known: {sorted(available)})", file=sys.stderr)
+            return 2
+        impl = available[peer]()
+        if impl.missing:
+            print(f"gdngen bench: peer {peer} missing: {impl.missing}", file=sys.stderr)
+        impls.append(impl)
+
+    copy_bw = copy_bandwidth()
+    meta = environment()
+    meta["copy_bw"] = copy_bw
+    meta["date"] = datetime.date.today().isoformat()
+    meta["command"] = "gdngen " + shlex.join(argv_for_record)
+    print(f"{meta['gpu']}: copy bandwidth {copy_bw / 1e12:.2f} TB/s", file=sys.stderr)
+    problems = grid(
+        tokens=args.tokens, batches=args.batch, heads=args.hv, layouts=args.layout,
+        state_dtypes=args.state_dtype, modes=args.mode,
+    )  # fmt: skip
+    jsonl = None
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        jsonl = open(f"{args.out}.jsonl", "w")
+    try:
+        results = run_grid(problems, impls, copy_bw, jsonl=jsonl, replays=args.replays)
+    finally:
+        if jsonl is not None:
+            jsonl.close()
+    table = markdown(results, meta)
+    print(table)
+    if args.out:
+        Path(f"{args.out}.json").write_text(
+            json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1) + "\n"
+        )
+        Path(f"{args.out}.md").write_text(table + "\n")
+        Path(f"{args.out}.jsonl").unlink(missing_ok=True)
+    return 0

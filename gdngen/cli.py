@@ -1,0 +1,152 @@
+"""The `gdngen` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+
+def _cmd_emit(args: argparse.Namespace) -> int:
+    from gdngen.emit import Measured, check, display_path, emit
+    from gdngen.emit.render import RenderError
+    from gdngen.spec import SpecError, load_spec
+    from gdngen.tune.tuning_file import TuningError, default_path, load_tuning
+
+    out_root = Path(args.out)
+    project_root = out_root.resolve().parent
+    status = 0
+    for spec_arg in args.specs:
+        spec_path = Path(spec_arg)
+        try:
+            spec = load_spec(spec_path)
+        except SpecError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        shown = display_path(spec_path, project_root)
+        command = f"gdngen emit {shown}"
+        tuning = None
+        tuning_path = default_path(spec_path)
+        try:
+            if tuning_path.exists():
+                tuning = Measured(
+                    load_tuning(tuning_path, spec), display_path(tuning_path, project_root)
+                )
+        except TuningError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        try:
+            if args.check:
+                problems = check(spec, shown, out_root, tuning)
+                if problems:
+                    for problem in problems:
+                        print(problem.rstrip("\n"), file=sys.stderr)
+                    print(
+                        f"\n{out_root.name}/{spec.target}/ is not what {shown} produces "
+                        f"({len(problems)} file(s) differ). Run:\n    {command}\nand commit the result.",
+                        file=sys.stderr,
+                    )
+                    status = 1
+                else:
+                    print(f"{out_root.name}/{spec.target}/ is up to date with {shown}")
+                continue
+            result = emit(spec, shown, out_root, tuning)
+        except (RenderError, TuningError) as exc:
+            print(f"gdngen: {exc}", file=sys.stderr)
+            return 3
+        print(
+            f"{out_root.name}/{spec.target}/: {len(result.written)} written, "
+            f"{len(result.unchanged)} unchanged, {len(result.removed)} removed; dispatch from "
+            + (tuning.name if tuning else "the spec's static rules")
+        )
+        for relpath in result.written:
+            print(f"  wrote   {relpath}")
+        for relpath in result.removed:
+            print(f"  removed {relpath}")
+    return status
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import torch
+
+    from gdngen.spec import SpecError, load_spec
+    from gdngen.tune.measure import TuneError, merge, tune, write
+    from gdngen.tune.tuning_file import TuningError, default_path, load_tuning
+
+    if not torch.cuda.is_available():
+        print("gdngen tune: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    spec_path = Path(args.spec)
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else default_path(spec_path)
+    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
+    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+    old = None
+    if args.merge and out.exists():
+        try:
+            old = load_tuning(out, spec)
+        except TuningError as exc:
+            print(f"gdngen tune: not merging with {out}: {exc}", file=sys.stderr)
+    # One pair at a time, written as it completes: a long run that is cut off keeps its cells.
+    for pair in pairs or list(spec.served):
+        try:
+            measured = tune(spec, sys.argv[1:], pairs=[pair], tokens=tokens, replays=args.replays)
+        except TuneError as exc:
+            print(f"gdngen tune: {exc}", file=sys.stderr)
+            return 1
+        old = merge(old, measured)
+        write(out, old)
+        print(f"wrote {out}: {'/'.join(pair)} measured ({len(measured.cells)} cells)", flush=True)
+    print(f"now run: gdngen emit {spec_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gdngen", description="Generate GDN decode kernels (CuTe DSL) from declarative specs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_emit = sub.add_parser("emit", help="write generated/<target>/ from a spec (no GPU needed)")
+    p_emit.add_argument("specs", nargs="+", metavar="SPEC", help="spec file(s), e.g. specs/b200.yaml")
+    p_emit.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 with a diff if generated/ differs from what the spec produces",
+    )
+    p_emit.add_argument("--out", default="generated", help="output root (default: generated)")
+    p_emit.set_defaults(func=_cmd_emit)
+
+    from gdngen.bench import cli as bench_cli
+
+    p_bench = sub.add_parser(
+        "bench", help="time the generated kernels beside FlashInfer and FLA (needs a GPU)"
+    )
+    bench_cli.add_arguments(p_bench)
+    p_bench.set_defaults(func=lambda args: bench_cli.run(args, sys.argv[1:]))
+
+    p_tune = sub.add_parser(
+        "tune", help="time every candidate variant per dispatch cell; write SPEC.tuning.yaml (GPU)"
+    )
+    p_tune.add_argument("spec", metavar="SPEC")
+    p_tune.add_argument("--out", help="tuning file (default: next to the spec, <stem>.tuning.yaml)")
+    p_tune.add_argument("--pairs", help="only these layout/dtype pairs, e.g. k_last/bf16,v_last/fp32")
+    p_tune.add_argument("--tokens", help="only these T values (default: the spec's tuning.tokens)")
+    p_tune.add_argument("--merge", action="store_true", help="keep cells of the existing file not re-measured")
+    p_tune.add_argument("--replays", type=int, default=15)
+    p_tune.set_defaults(func=_cmd_tune)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Writing a target's files: write-if-changed, stale files removed, a sorted manifest.
+
+Also the comparison behind ``gdngen emit --check``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from gdngen.spec import Spec, spec_sha256
+
+from .plan import GENERATOR_VERSION, Measured, plan_target
+from .render import render
+
+MANIFEST = "MANIFEST.txt"
+PACKAGE_ROOT_INIT = '"""Kernels emitted by gdngen, one package per target (see specs/)."""\n'
+#: files under generated/<target>/ that the emitter owns (anything else there is left alone)
+OWNED_SUFFIXES = (".py", ".txt")
+
+
+def display_path(spec_path: Path, project_root: Path) -> str:
+    """The spec path as headers print it: relative to the project, never absolute."""
+    try:
+        return spec_path.resolve().relative_to(project_root.resolve()).as_posix()
+    except ValueError:
+        return spec_path.name
+
+
+def expected_files(spec: Spec, spec_display: str, tuning: Measured | None = None) -> dict[str, str]:
+    """relpath -> content for every file of generated/<target>/, manifest included."""
+    files = {
+        planned.relpath: render(planned) for planned in plan_target(spec, spec_display, tuning)
+    }
+    lines = [
+        f"# Files emitted by gdngen for target {spec.target} from {spec_display}; do not edit.",
+        f"# Regenerate: gdngen emit {spec_display}",
+        f"# Spec sha256: {spec_sha256(spec)}",
+        f"# Generator version: {GENERATOR_VERSION}",
+        f"# Dispatch: {'measured, ' + tuning.name if tuning else 'static rules of the spec'}",
+    ]
+    for relpath in sorted(files):
+        digest = hashlib.sha256(files[relpath].encode()).hexdigest()[:16]
+        lines.append(f"{digest}  {relpath}")
+    files[MANIFEST] = "\n".join(lines) + "\n"
+    return files
+
+
+def _owned_on_disk(target_dir: Path) -> set[str]:
+    if not target_dir.is_dir():
+        return set()
+    return {
+        path.relative_to(target_dir).as_posix()
+        for path in target_dir.rglob("*")
+        if path.is_file() and path.suffix in OWNED_SUFFIXES and "__pycache__" not in path.parts
+    }
+
+
+@dataclass
+class EmitResult:
+    written: list[str]
+    unchanged: list[str]
+    removed: list[str]
+
+
+def emit(
+    spec: Spec, spec_display: str, out_root: Path, tuning: Measured | None = None
+) -> EmitResult:
+    target_dir = out_root / spec.target
+    files = expected_files(spec, spec_display, tuning)
+    result = EmitResult([], [], [])
+    root_init = out_root / "__init__.py"
+    if not root_init.exists():
+        out_root.mkdir(parents=True, exist_ok=True)
+        root_init.write_text(PACKAGE_ROOT_INIT)
+    for relpath in sorted(files):
+        path = target_dir / relpath
+        content = files[relpath]
+        if path.is_file() and path.read_text() == content:
+            result.unchanged.append(relpath)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        result.written.append(relpath)
+    for relpath in sorted(_owned_on_disk(target_dir) - set(files)):
+        (target_dir / relpath).unlink()
+        result.removed.append(relpath)
+    return result
+
+
+def check(
+    spec: Spec, spec_display: str, out_root: Path, tuning: Measured | None = None
+) -> list[str]:
+    """Differences between generated/<target>/ and what the spec produces, as diff text blocks."""
+    target_dir = out_root / spec.target
+    files = expected_files(spec, spec_display, tuning)
+    problems: list[str] = []
+    on_disk = _owned_on_disk(target_dir)
+    for relpath in sorted(set(files) | on_disk):
+        shown = f"{out_root.name}/{spec.target}/{relpath}"
+        if relpath not in files:
+            problems.append(f"stale file (the spec no longer emits it): {shown}")
+            continue
+        if relpath not in on_disk:
+            problems.append(f"missing file: {shown}")
+            continue
+        actual = (target_dir / relpath).read_text()
+        if actual != files[relpath]:
+            diff = difflib.unified_diff(
+                actual.splitlines(keepends=True),
+                files[relpath].splitlines(keepends=True),
+                fromfile=f"{shown} (checked in)",
+                tofile=f"{shown} (from spec)",
+            )
+            problems.append("".join(diff))
+    return problems

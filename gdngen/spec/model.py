@@ -1,0 +1,378 @@
+"""The spec: what a deployment needs, as pydantic models.
+
+A spec names one target (an output folder under ``generated/``), the SM it compiles for, the
+model geometries it serves, the kernel variants (points in the knob space of DESIGN.md section 3)
+and the dispatch policy that maps a call to a variant. Every constraint between knobs is checked
+here, so that templates only ever see consistent variants, and a bad spec fails with the field and
+the reason instead of a traceback from the compiler.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SmTarget = Literal["sm_90a", "sm_100a"]
+Layout = Literal["k_last", "v_last"]
+StateDtype = Literal["bf16", "fp32"]
+
+#: bytes per state element, by state dtype
+STATE_BYTES = {"bf16": 2, "fp32": 4}
+#: the head dimensions the kernels are built and tested for (DESIGN.md section 2)
+HEAD_DIMS = (64, 128, 256)
+#: width of one vector load or store, in bytes, that a lane may issue
+LOAD_BYTES = (8, 16)
+WARP = 32
+MAX_THREADS_PER_CTA = 1024
+#: SM targets that have the packed fp32x2 FMA instruction
+PACKED_FMA_TARGETS = ("sm_100a",)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Geometry(_Strict):
+    """One model's recurrent-layer shape: H q/k heads, HV value heads, head dims K and V."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    H: int = Field(gt=0)
+    HV: int = Field(gt=0)
+    K: int
+    V: int
+
+    @field_validator("K", "V")
+    @classmethod
+    def _head_dim(cls, value: int) -> int:
+        if value not in HEAD_DIMS:
+            raise ValueError(f"head dimension must be one of {HEAD_DIMS}, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _gva(self) -> "Geometry":
+        if self.HV % self.H:
+            raise ValueError(
+                f"HV must be a multiple of H (each value head reads q/k head hv // (HV // H)); "
+                f"got H={self.H}, HV={self.HV}"
+            )
+        return self
+
+
+class Variant(_Strict):
+    """One point of the knob space: everything that shapes a kernel's code.
+
+    A lane holds a register tile of ``ilp`` state rows by ``vec`` consecutive K columns, for the
+    whole call (all T tokens). ``threads_per_group`` lanes cover one row (``K = tpg * vec``) and
+    reduce the row's dot products with a butterfly of ``log2(tpg)`` shuffles. A CTA owns ``tile_v``
+    rows of one (batch, value head) state, so it has ``tile_v / ilp`` groups.
+
+    K-last state: a lane loads ``vec`` contiguous K elements of each of its ``ilp`` rows
+    (``ilp`` independent loads of ``vec * S`` bytes). V-last state: a lane loads ``ilp``
+    contiguous rows of each of its ``vec`` K columns (``vec`` loads of ``ilp * S`` bytes).
+    """
+
+    layout: Layout
+    state_dtype: StateDtype
+    tile_v: int = Field(gt=0)
+    ilp: int = Field(gt=0)
+    vec: int = Field(gt=0)
+    threads_per_group: Literal[8, 16, 32]
+    packed_fma: bool = False
+
+    # -- derived numbers (the templates read these; they never compute them) --------------------
+
+    @property
+    def state_bytes(self) -> int:
+        return STATE_BYTES[self.state_dtype]
+
+    @property
+    def head_k_dim(self) -> int:
+        """K this variant serves: one row is split over the group's lanes."""
+        return self.threads_per_group * self.vec
+
+    @property
+    def load_elems(self) -> int:
+        """Elements in one vector load or store of state (along the contiguous dimension)."""
+        return self.vec if self.layout == "k_last" else self.ilp
+
+    @property
+    def load_bytes(self) -> int:
+        return self.load_elems * self.state_bytes
+
+    @property
+    def loads_per_lane(self) -> int:
+        """Independent state loads a lane has in flight."""
+        return self.ilp if self.layout == "k_last" else self.vec
+
+    @property
+    def groups(self) -> int:
+        return self.tile_v // self.ilp
+
+    @property
+    def threads(self) -> int:
+        return self.groups * self.threads_per_group
+
+    @property
+    def lane_stride(self) -> int:
+        """Distance in lanes between two K-neighbours of one group.
+
+        K-last: a group is ``tpg`` consecutive lanes. V-last: ``32 / tpg`` groups interleave in a
+        warp, so that lanes next to each other read neighbouring rows (coalesced along V).
+        """
+        return 1 if self.layout == "k_last" else WARP // self.threads_per_group
+
+    @property
+    def butterfly_offsets(self) -> tuple[int, ...]:
+        """XOR lane offsets of the group reduction, largest first."""
+        depth = int(math.log2(self.threads_per_group))
+        return tuple(self.lane_stride << s for s in reversed(range(depth)))
+
+    @property
+    def state_regs(self) -> int:
+        """fp32 registers a lane spends on its state tile."""
+        return self.ilp * self.vec
+
+    def name_for(self, sm: SmTarget) -> str:
+        """The canonical variant name: file name, symbol, dispatch key, pytest id, cache key."""
+        parts = [
+            "kl" if self.layout == "k_last" else "vl",
+            self.state_dtype,
+            f"tv{self.tile_v}",
+            f"ilp{self.ilp}",
+            f"vec{self.vec}",
+            f"tpg{self.threads_per_group}",
+        ]
+        if self.packed_fma:
+            parts.append("pfma")
+        parts.append(sm.removesuffix("a").replace("_", ""))
+        return "_".join(parts)
+
+    @model_validator(mode="after")
+    def _knobs_fit(self) -> "Variant":
+        if self.ilp & (self.ilp - 1) or self.vec & (self.vec - 1):
+            raise ValueError(f"ilp and vec must be powers of two; got ilp={self.ilp}, vec={self.vec}")
+        if self.load_bytes not in LOAD_BYTES:
+            along = "vec (K-last loads vec elements of a row)" if self.layout == "k_last" else (
+                "ilp (V-last loads ilp consecutive rows of a column)"
+            )
+            raise ValueError(
+                f"one state load must be {' or '.join(map(str, LOAD_BYTES))} bytes; "
+                f"{along} gives {self.load_elems} x {self.state_bytes} B = {self.load_bytes} B"
+            )
+        if self.head_k_dim not in HEAD_DIMS:
+            raise ValueError(
+                f"threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
+                f"got {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
+            )
+        if self.tile_v % self.ilp:
+            raise ValueError(
+                f"tile_v must be a multiple of ilp (each group owns ilp rows); "
+                f"got tile_v={self.tile_v}, ilp={self.ilp}"
+            )
+        if self.threads % WARP:
+            raise ValueError(
+                f"a CTA must be whole warps: tile_v / ilp * threads_per_group = "
+                f"{self.tile_v} / {self.ilp} * {self.threads_per_group} = {self.threads} threads"
+            )
+        if self.threads > MAX_THREADS_PER_CTA:
+            raise ValueError(f"{self.threads} threads per CTA exceeds {MAX_THREADS_PER_CTA}")
+        if self.packed_fma and self.vec % 2:
+            raise ValueError("packed_fma pairs K columns, so vec must be even")
+        return self
+
+
+class Features(_Strict):
+    """What the target's call supports beyond the single-token dense update."""
+
+    max_tokens: int = Field(default=8, ge=1, le=16)
+    index_dtypes: tuple[Literal["int32", "int64"], ...] = ("int32", "int64")
+
+
+class Range(_Strict):
+    """Inclusive integer range; ``hi: null`` means unbounded.
+
+    In YAML: ``3`` (just 3), ``[2, 8]``, ``[257, null]`` or ``{lo: 2, hi: 8}``.
+    """
+
+    lo: int = Field(ge=1)
+    hi: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: object) -> object:
+        if isinstance(data, bool):
+            return data
+        if isinstance(data, int):
+            return {"lo": data, "hi": data}
+        if isinstance(data, (list, tuple)):
+            if len(data) != 2:
+                raise ValueError(f"a range is [lo, hi]; got {list(data)}")
+            return {"lo": data[0], "hi": data[1]}
+        return data
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Range":
+        if self.hi is not None and self.hi < self.lo:
+            raise ValueError(f"empty range: lo={self.lo} > hi={self.hi}")
+        return self
+
+    def contains(self, value: int) -> bool:
+        return self.lo <= value and (self.hi is None or value <= self.hi)
+
+
+class DispatchRule(_Strict):
+    """One static dispatch rule: conditions on a call, and the variant that serves it.
+
+    ``intermediate`` selects calls that cache per-token states (speculative verify: true) or
+    not (plain decode: false); ``any`` matches both.
+    """
+
+    layout: Layout
+    state_dtype: StateDtype
+    tokens: Range
+    batch_heads: Range
+    intermediate: Literal["any", "yes", "no"] = "any"
+    use: str
+
+
+class Tuning(_Strict):
+    """The grid ``gdngen tune`` measures on a GPU, and the GPU its tuning file must come from.
+
+    Without a tuning file next to the spec, emit uses the static ``dispatch`` rules; with one,
+    the measured (layout, state dtype) pairs get dispatch rows chosen by the timings.
+    """
+
+    gpu: str = Field(min_length=1, description="substring of the GPU name the timings must come from")
+    tokens: tuple[int, ...] = (1, 2, 4, 8)
+    batch: tuple[int, ...] = (1, 4, 16, 64, 256, 512)
+    heads: tuple[int, ...] = (32, 64)
+    modes: tuple[Literal["update", "verify"], ...] = ("update", "verify")
+    #: for T > 1, time only the variants within this factor of the best at T = 1 somewhere
+    multi_token_shortlist: float = Field(default=1.10, ge=1.0)
+
+    @model_validator(mode="after")
+    def _grid(self) -> "Tuning":
+        if 1 not in self.tokens:
+            raise ValueError("tokens must include 1 (T = 1 rows are the base of every table)")
+        if any(t < 1 for t in self.tokens) or any(b < 1 for b in self.batch):
+            raise ValueError("tokens and batch sizes must be >= 1")
+        return self
+
+
+class Spec(_Strict):
+    """A whole spec file."""
+
+    target: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    sm: SmTarget
+    description: str = ""
+    geometries: Annotated[list[Geometry], Field(min_length=1)]
+    features: Features = Features()
+    variants: Annotated[list[Variant], Field(min_length=1)]
+    dispatch: Annotated[list[DispatchRule], Field(min_length=1)]
+    tuning: Tuning | None = None
+
+    def variant_name(self, variant: Variant) -> str:
+        return variant.name_for(self.sm)
+
+    @property
+    def variants_by_name(self) -> dict[str, Variant]:
+        return {self.variant_name(v): v for v in self.variants}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Spec":
+        names = [self.variant_name(v) for v in self.variants]
+        seen: set[str] = set()
+        for index, name in enumerate(names):
+            if name in seen:
+                raise ValueError(f"variants[{index}]: duplicate variant {name}")
+            seen.add(name)
+        for index, variant in enumerate(self.variants):
+            if variant.packed_fma and self.sm not in PACKED_FMA_TARGETS:
+                raise ValueError(
+                    f"variants[{index}] ({names[index]}): packed_fma needs "
+                    f"{' or '.join(PACKED_FMA_TARGETS)}; this spec targets {self.sm}"
+                )
+            served = [g for g in self.geometries if g.K == variant.head_k_dim and g.V % variant.tile_v == 0]
+            if not served:
+                raise ValueError(
+                    f"variants[{index}] ({names[index]}): serves K={variant.head_k_dim} with "
+                    f"tile_v={variant.tile_v}, but no geometry has that K and a V divisible by tile_v"
+                )
+        geometry_names = [g.name for g in self.geometries]
+        if len(set(geometry_names)) != len(geometry_names):
+            raise ValueError(f"geometries: names must be unique, got {geometry_names}")
+        known = set(names)
+        for index, rule in enumerate(self.dispatch):
+            if rule.use not in known:
+                raise ValueError(
+                    f"dispatch[{index}].use: unknown variant {rule.use!r}; "
+                    f"this spec defines {sorted(known)}"
+                )
+            variant = self.variants_by_name[rule.use]
+            if (variant.layout, variant.state_dtype) != (rule.layout, rule.state_dtype):
+                raise ValueError(
+                    f"dispatch[{index}]: rule is for {rule.layout}/{rule.state_dtype} but "
+                    f"{rule.use} is a {variant.layout}/{variant.state_dtype} kernel"
+                )
+            # Rules do not condition on the head dims, so a dispatched variant serves every geometry.
+            for geometry in self.geometries:
+                if geometry.K != variant.head_k_dim or geometry.V % variant.tile_v:
+                    raise ValueError(
+                        f"dispatch[{index}].use: {rule.use} serves K={variant.head_k_dim} with V "
+                        f"divisible by {variant.tile_v}, but geometry {geometry.name} has "
+                        f"K={geometry.K}, V={geometry.V}; dispatch does not condition on head "
+                        f"dims, so put geometries with other head dims in a spec of their own"
+                    )
+            if rule.tokens.hi is not None and rule.tokens.hi > self.features.max_tokens:
+                raise ValueError(
+                    f"dispatch[{index}].tokens: hi={rule.tokens.hi} exceeds "
+                    f"features.max_tokens={self.features.max_tokens}"
+                )
+        if self.tuning is not None:
+            too_many = [t for t in self.tuning.tokens if t > self.features.max_tokens]
+            if too_many:
+                raise ValueError(
+                    f"tuning.tokens: {too_many} exceed features.max_tokens={self.features.max_tokens}"
+                )
+            heads = {g.HV for g in self.geometries}
+            unknown = [hv for hv in self.tuning.heads if hv not in heads]
+            if unknown:
+                raise ValueError(f"tuning.heads: {unknown} are not the HV of any geometry ({sorted(heads)})")
+        gap = self.dispatch_gap()
+        if gap:
+            raise ValueError(f"dispatch: {gap}")
+        return self
+
+    @property
+    def served(self) -> tuple[tuple[str, str], ...]:
+        """The (layout, state dtype) pairs this target's call accepts: those with dispatch rules."""
+        return tuple(sorted({(rule.layout, rule.state_dtype) for rule in self.dispatch}))
+
+    def dispatch_gap(self, rules: list | None = None) -> str | None:
+        """The first call shape that no rule serves, described; None when the rules cover every
+        T up to max_tokens and every batch*heads, with and without intermediate states."""
+        rules = self.dispatch if rules is None else rules
+        starts = sorted({1} | {r.batch_heads.lo for r in rules} | {
+            r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None
+        })
+        for layout, state_dtype in self.served:
+            for tokens in range(1, self.features.max_tokens + 1):
+                for intermediate in ("no", "yes"):
+                    for batch_heads in starts:
+                        if not any(
+                            r.layout == layout
+                            and r.state_dtype == state_dtype
+                            and r.tokens.contains(tokens)
+                            and r.batch_heads.contains(batch_heads)
+                            and r.intermediate in ("any", intermediate)
+                            for r in rules
+                        ):
+                            return (
+                                f"no rule serves layout={layout} state_dtype={state_dtype} "
+                                f"tokens={tokens} batch_heads={batch_heads} "
+                                f"intermediate={intermediate}; every served layout/dtype needs "
+                                f"rules for T=1..{self.features.max_tokens} and all batch*heads"
+                            )
+        return None

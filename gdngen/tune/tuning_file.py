@@ -1,0 +1,202 @@
+"""Tuning files: per-cell timings of every candidate variant, measured on one GPU, checked in
+next to the spec. ``gdngen emit`` turns them into dispatch rows (:func:`tuned_rows`).
+
+A cell is (layout, state dtype, T, mode, HV, B). Within one (layout, dtype, mode, T) group the
+rows are keyed on batch*heads: the measured points become ranges split at the geometric midpoint
+between neighbours, and each range is served by the variant with the least total time there.
+T values between measured ones use the table of the nearest measured T below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gdngen.spec.model import Spec
+
+
+class TuningError(ValueError):
+    """A tuning file that cannot be used (stale, mismatched or malformed); names the file."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Cell(_Strict):
+    layout: Literal["k_last", "v_last"]
+    state_dtype: Literal["bf16", "fp32"]
+    tokens: int = Field(ge=1)
+    mode: Literal["update", "verify"]
+    HV: int = Field(gt=0)
+    batch: int = Field(gt=0)
+    #: microseconds per call of each candidate variant
+    times_us: dict[str, float]
+
+    @property
+    def batch_heads(self) -> int:
+        return self.batch * self.HV
+
+
+class TuningFile(_Strict):
+    target: str
+    sm: str
+    gpu: str
+    date: str
+    command: str
+    variants_sha256: str
+    copy_bw_tbps: float
+    versions: dict[str, str | None] = {}
+    cells: list[Cell]
+
+
+def variants_sha256(spec: Spec) -> str:
+    """What a tuning file's timings depend on in the spec: the target, SM and variant knobs."""
+    payload = {
+        "target": spec.target,
+        "sm": spec.sm,
+        "variants": sorted(
+            (spec.variant_name(v), v.model_dump(mode="json")) for v in spec.variants
+        ),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def default_path(spec_path: Path) -> Path:
+    return spec_path.with_name(spec_path.stem + ".tuning.yaml")
+
+
+def load_tuning(path: Path, spec: Spec) -> TuningFile:
+    """Read and validate a tuning file against ``spec``; TuningError says what is wrong."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise TuningError(f"{path}: cannot read tuning file: {exc}") from None
+    try:
+        tuning = TuningFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise TuningError(f"{path}: invalid tuning file: {where}: {first['msg']}") from None
+    problems = []
+    if tuning.target != spec.target or tuning.sm != spec.sm:
+        problems.append(
+            f"measured for target {tuning.target} ({tuning.sm}), the spec is {spec.target} ({spec.sm})"
+        )
+    expected_gpu = spec.tuning.gpu if spec.tuning else None
+    if expected_gpu and expected_gpu.lower() not in tuning.gpu.lower():
+        problems.append(f"measured on {tuning.gpu!r}; the spec's tuning.gpu is {expected_gpu!r}")
+    known = set(spec.variants_by_name)
+    unknown = sorted({name for cell in tuning.cells for name in cell.times_us} - known)
+    if unknown:
+        problems.append(f"names variants the spec does not have: {', '.join(unknown)}")
+    if tuning.variants_sha256 != variants_sha256(spec):
+        problems.append(
+            "the spec's variants changed since it was measured "
+            f"(variants sha256 {tuning.variants_sha256} in the file, {variants_sha256(spec)} now)"
+        )
+    for cell in tuning.cells:
+        for name in cell.times_us:
+            variant = spec.variants_by_name.get(name)
+            if variant and (variant.layout, variant.state_dtype) != (cell.layout, cell.state_dtype):
+                problems.append(f"cell {cell.layout}/{cell.state_dtype} lists {name}, a kernel for another layout/dtype")
+    if problems:
+        raise TuningError(
+            f"{path}: stale or mismatched tuning data:\n  - " + "\n  - ".join(problems)
+            + f"\nRe-measure on the GPU with `gdngen tune <spec>`, or delete {path.name} to use "
+            "the spec's static dispatch rules."
+        )
+    return tuning
+
+
+def dump_tuning(tuning: TuningFile) -> str:
+    """YAML with one cell per block, cells and times sorted: small diffs when re-measured."""
+    data = tuning.model_dump(mode="json")
+    cells = sorted(
+        data.pop("cells"),
+        key=lambda c: (c["layout"], c["state_dtype"], c["mode"], c["tokens"], c["HV"], c["batch"]),
+    )
+    header = {k: data[k] for k in ("target", "sm", "gpu", "date", "command", "variants_sha256", "copy_bw_tbps", "versions")}
+    lines = [
+        f"# Measured by `{tuning.command}`; do not edit by hand.",
+        "# `gdngen emit` turns these timings (microseconds per call) into dispatch rows.",
+        yaml.safe_dump(header, sort_keys=False, width=100).rstrip(),
+        "cells:",
+    ]
+    for cell in cells:
+        times = ", ".join(f"{name}: {us:.2f}" for name, us in sorted(cell["times_us"].items()))
+        lines.append(
+            f"  - {{layout: {cell['layout']}, state_dtype: {cell['state_dtype']}, "
+            f"tokens: {cell['tokens']}, mode: {cell['mode']}, HV: {cell['HV']}, "
+            f"batch: {cell['batch']},"
+        )
+        lines.append(f"     times_us: {{{times}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _winners(cells: list[Cell]) -> list[tuple[int, str, float, float | None, str | None]]:
+    """(batch_heads, best variant, its total us, runner-up total, runner-up) per measured point."""
+    totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for cell in cells:
+        for name, us in cell.times_us.items():
+            totals[cell.batch_heads][name] += us
+    points = []
+    for batch_heads in sorted(totals):
+        ranked = sorted(totals[batch_heads].items(), key=lambda item: (item[1], item[0]))
+        best, best_us = ranked[0]
+        second, second_us = ranked[1] if len(ranked) > 1 else (None, None)
+        points.append((batch_heads, best, best_us, second_us, second))
+    return points
+
+
+def tuned_rows(tuning: TuningFile, spec: Spec, tuning_name: str) -> list[dict]:
+    """Dispatch rows from measurements, for the (layout, dtype) pairs that were measured."""
+    groups: dict[tuple, list[Cell]] = defaultdict(list)
+    for cell in tuning.cells:
+        groups[(cell.layout, cell.state_dtype, cell.mode, cell.tokens)].append(cell)
+    rows = []
+    for layout, state_dtype in spec.served:
+        for mode in ("update", "verify"):
+            measured_tokens = sorted(t for (l, d, m, t) in groups if (l, d, m) == (layout, state_dtype, mode))
+            if mode == "verify" and not measured_tokens:
+                continue
+            for index, tokens in enumerate(measured_tokens):
+                lo_t = 1 if index == 0 else tokens
+                hi_t = measured_tokens[index + 1] - 1 if index + 1 < len(measured_tokens) else spec.features.max_tokens
+                if mode == "verify" and index == 0:
+                    lo_t = 1
+                points = _winners(groups[(layout, state_dtype, mode, tokens)])
+                merged: list[list] = []  # [lo, hi, variant, evidence]
+                for position, (batch_heads, best, best_us, second_us, second) in enumerate(points):
+                    lo = 1 if position == 0 else math.isqrt(points[position - 1][0] * batch_heads) + 1
+                    evidence = f"B*HV={batch_heads}: {best_us:.2f} us" + (
+                        f" (next {second} {second_us:.2f} us)" if second else ""
+                    )
+                    if merged and merged[-1][2] == best:
+                        merged[-1][3].append(evidence)
+                        continue
+                    if merged:
+                        merged[-1][1] = lo - 1
+                    merged.append([lo, None, best, [evidence]])
+                for lo, hi, variant, evidence in merged:
+                    rows.append(
+                        {
+                            "layout": layout,
+                            "state_dtype": state_dtype,
+                            "tokens": (lo_t, hi_t),
+                            "batch_heads": (lo, hi),
+                            "intermediate": "yes" if mode == "verify" else ("no" if any(
+                                m == "verify" for (l, d, m, t) in groups if (l, d) == (layout, state_dtype)
+                            ) else "any"),
+                            "variant": variant,
+                            "source": f"tuned {tuning_name} T={tokens} {mode}: " + "; ".join(evidence),
+                        }
+                    )
+    return rows

@@ -1,0 +1,1 @@
+"""Kernels emitted by gdngen, one package per target (see specs/)."""

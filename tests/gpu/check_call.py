@@ -1,0 +1,60 @@
+"""Run one gdn_decode call on a fresh random problem and check everything it wrote (and did not)."""
+
+import torch
+
+from gdngen.problem import TORCH_DTYPES, Problem
+from gdngen.reference import reference_decode
+from tests.compare import assert_close
+
+
+def as_k_last(state: torch.Tensor, layout: str) -> torch.Tensor:
+    return state if layout == "k_last" else state.transpose(-1, -2)
+
+
+def run_and_check(call, problem: Problem, *, pass_output: bool = True) -> None:
+    args = problem.make("cuda")
+    pool = args["state"] if args["state"] is not None else args["initial_state"]
+    pool_before = pool.clone()
+    cache = args.get("intermediate_states_buffer")
+    io = TORCH_DTYPES[problem.io_dtype]
+    B, T, HV, V = problem.batch, problem.tokens, problem.HV, problem.V
+    output = torch.full((B, T, HV, V), float("nan"), dtype=io, device="cuda") if pass_output else None
+
+    out, returned = call(**args, output=output)
+    torch.cuda.synchronize()
+
+    assert returned is pool, "gdn_decode must return the state it updated in place"
+    if pass_output:
+        assert out is output, "gdn_decode must write into the output it was given"
+    ref = reference_decode(
+        args["q"], args["k"], args["v"], pool_before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm,
+        read_slots=args.get("initial_state_indices"), write_slots=args.get("output_state_indices"),
+        disable_state_update=problem.disable_state_update, state_layout=problem.layout,
+    )  # fmt: skip
+    live = ref.live
+    assert_close("output", out[live], ref.output[live], io)
+    if (~live).any():
+        assert (out[~live] == 0).all(), "padded rows must have zero output"
+
+    state_dtype = TORCH_DTYPES[problem.state_dtype]
+    if args["state"] is not None:
+        writes = torch.arange(B, device="cuda")
+    else:
+        slots = args.get("output_state_indices", args["initial_state_indices"])
+        writes = slots.long()
+    touched = torch.zeros(pool.shape[0], dtype=torch.bool, device="cuda")
+    if not problem.disable_state_update:
+        written = writes[live]
+        touched[written] = True
+        assert_close(
+            "final state", as_k_last(pool[written], problem.layout), ref.final_state[live], state_dtype
+        )
+    assert torch.equal(pool[~touched], pool_before[~touched]), "a slot the call does not own changed"
+
+    if cache is not None:
+        got = as_k_last(cache[live, :T], problem.layout)
+        assert_close("intermediate states", got, ref.intermediates[live], state_dtype)
+        beyond = cache[:, T:]
+        assert torch.isnan(beyond.float()).all(), "cache entries past T were written"
+        assert torch.isnan(cache[~live].float()).all(), "cache rows of padded batch rows were written"

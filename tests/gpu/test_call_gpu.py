@@ -1,0 +1,128 @@
+"""The dispatching call: batch sizes, padding patterns, CUDA graphs, streams, bad inputs, big sizes."""
+
+import pytest
+import torch
+
+import generated.h200 as h200
+from gdngen.problem import Problem
+from gdngen.reference import reference_decode
+from gdngen.runtime.launcher import compiled_count
+from tests.compare import assert_close
+from tests.gpu.check_call import run_and_check
+
+pytestmark = pytest.mark.gpu
+
+SERVED = [("k_last", "bf16"), ("k_last", "fp32"), ("v_last", "bf16"), ("v_last", "fp32")]
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("batch", [1, 2, 5, 31, 64, 129])
+def test_dispatch_t1(layout, state_dtype, batch):
+    problem = Problem(batch=batch, HV=64, layout=layout, state_dtype=state_dtype, seed=batch)
+    run_and_check(h200.gdn_decode, problem)
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [2, 3, 4, 5, 8])
+def test_dispatch_multi_token(layout, state_dtype, tokens):
+    problem = Problem(
+        batch=3 + tokens, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=40, padded_rows=(1,), cache_steps=tokens + 1, disable_state_update=tokens % 2 == 0,
+        index_dtype="int64" if tokens > 3 else "int32", seed=tokens,
+    )  # fmt: skip
+    run_and_check(h200.gdn_decode, problem)
+
+
+@pytest.mark.parametrize("pattern", ["all_padded", "alternate", "last_only_live"])
+def test_padding_patterns(pattern):
+    batch = 12
+    padded = {
+        "all_padded": tuple(range(batch)),
+        "alternate": tuple(range(0, batch, 2)),
+        "last_only_live": tuple(range(batch - 1)),
+    }[pattern]
+    problem = Problem(batch=batch, HV=32, pool_size=30, padded_rows=padded, seed=len(padded))
+    run_and_check(h200.gdn_decode, problem)
+
+
+def test_output_allocated_when_not_given():
+    run_and_check(h200.gdn_decode, Problem(batch=4, HV=32, seed=3), pass_output=False)
+
+
+def test_no_recompile_for_new_batch_sizes():
+    base = Problem(batch=300, HV=64, layout="k_last", state_dtype="bf16")
+    run_and_check(h200.gdn_decode, base.with_(seed=1))
+    before = compiled_count()
+    for batch in (301, 317, 400):  # same dispatch row (B*HV > 1024), same compile key
+        run_and_check(h200.gdn_decode, base.with_(batch=batch, seed=batch))
+    assert compiled_count() == before
+
+
+def test_side_stream():
+    problem = Problem(batch=6, HV=32, pool_size=8, seed=5)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run_and_check(h200.gdn_decode, problem)
+
+
+def test_cuda_graph_capture_and_replay():
+    problem = Problem(batch=8, tokens=2, HV=64, pool_size=20, padded_rows=(3,), cache_steps=2, seed=21)
+    args = problem.make("cuda")
+    pool = args["initial_state"]
+    output = torch.empty(8, 2, 64, 128, dtype=torch.bfloat16, device="cuda")
+    h200.gdn_decode.prepare(**args)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        h200.gdn_decode(**args, output=output)  # warm up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        h200.gdn_decode(**args, output=output)
+    for replay in range(3):
+        fresh = problem.with_(seed=100 + replay).make("cuda")
+        for name in ("q", "k", "v", "a", "b", "initial_state", "initial_state_indices"):
+            args[name].copy_(fresh[name])
+        before = pool.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_decode(
+            args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+            args["b"], read_slots=args["initial_state_indices"],
+        )  # fmt: skip
+        live = ref.live
+        assert_close("graph output", output[live], ref.output[live], torch.bfloat16)
+        written = args["initial_state_indices"].long()[live]
+        assert_close("graph state", pool[written], ref.final_state[live], torch.bfloat16)
+        cache = args["intermediate_states_buffer"]
+        assert_close("graph cache", cache[live], ref.intermediates[live], torch.bfloat16)
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+def test_large_multi_token_with_cache(state_dtype):
+    """B=512, T=8, HV=64 with caching: the cache holds more than 2^31 elements' offsets."""
+    batch, tokens = 512, 8
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=64, state_dtype=state_dtype, pool_size=batch + 8,
+        cache_steps=tokens, padded_rows=(5,), seed=7,
+    )  # fmt: skip
+    args = problem.make("cuda")
+    pool = args["initial_state"]
+    cache = args["intermediate_states_buffer"]
+    assert cache.numel() > 2**31
+    before = pool.clone()
+    out, _ = h200.gdn_decode(**args)
+    torch.cuda.synchronize()
+    rows = torch.tensor([0, 1, 5, 255, 256, 510, 511], device="cuda")  # includes the far end
+    sub = {name: args[name][rows] for name in ("q", "k", "v", "a", "b")}
+    ref = reference_decode(
+        sub["q"], sub["k"], sub["v"], before, args["A_log"], sub["a"], args["dt_bias"], sub["b"],
+        read_slots=args["initial_state_indices"][rows],
+    )  # fmt: skip
+    live = ref.live
+    dtype = torch.bfloat16 if state_dtype == "bf16" else torch.float32
+    assert_close("output", out[rows][live], ref.output[live], torch.bfloat16)
+    got_cache = cache[rows][live]
+    assert_close("cache", got_cache, ref.intermediates[live], dtype)
+    written = args["initial_state_indices"][rows].long()[live]
+    assert_close("state", pool[written], ref.final_state[live], dtype)

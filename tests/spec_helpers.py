@@ -1,0 +1,62 @@
+"""Specs for the CPU tests: the committed Hopper spec, and a frozen snapshot of it to derive broken
+specs from (so that tuning specs/h200.yaml does not move the indices the validation tests poke)."""
+
+import copy
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_REL = "specs/h200.yaml"
+SPEC_PATH = ROOT / SPEC_REL
+GENERATED = ROOT / "generated"
+
+#: specs/h200.yaml as first written: 12 variants, 9 static dispatch rules
+SNAPSHOT = """\
+target: h200
+sm: sm_90a
+description: NVIDIA H100 / H200 (Hopper)
+geometries:
+  - {name: qwen3-next, H: 16, HV: 32, K: 128, V: 128}
+  - {name: qwen3.5, H: 16, HV: 64, K: 128, V: 128}
+features:
+  max_tokens: 8
+  index_dtypes: [int32, int64]
+variants:
+  - {layout: k_last, state_dtype: bf16, tile_v: 8, ilp: 2, vec: 8, threads_per_group: 16}   # 0
+  - {layout: k_last, state_dtype: bf16, tile_v: 16, ilp: 4, vec: 8, threads_per_group: 16}  # 1
+  - {layout: k_last, state_dtype: bf16, tile_v: 32, ilp: 4, vec: 8, threads_per_group: 16}  # 2
+  - {layout: k_last, state_dtype: bf16, tile_v: 64, ilp: 4, vec: 8, threads_per_group: 16}  # 3, unused
+  - {layout: k_last, state_dtype: fp32, tile_v: 8, ilp: 2, vec: 4, threads_per_group: 32}   # 4
+  - {layout: k_last, state_dtype: fp32, tile_v: 16, ilp: 4, vec: 4, threads_per_group: 32}  # 5
+  - {layout: k_last, state_dtype: fp32, tile_v: 32, ilp: 4, vec: 4, threads_per_group: 32}  # 6, unused
+  - {layout: v_last, state_dtype: bf16, tile_v: 16, ilp: 8, vec: 8, threads_per_group: 16}  # 7
+  - {layout: v_last, state_dtype: bf16, tile_v: 32, ilp: 8, vec: 8, threads_per_group: 16}  # 8
+  - {layout: v_last, state_dtype: fp32, tile_v: 8, ilp: 4, vec: 8, threads_per_group: 16}   # 9
+  - {layout: v_last, state_dtype: fp32, tile_v: 16, ilp: 4, vec: 8, threads_per_group: 16}  # 10
+  - {layout: v_last, state_dtype: fp32, tile_v: 32, ilp: 4, vec: 8, threads_per_group: 16}  # 11, unused
+dispatch:
+  - {layout: k_last, state_dtype: bf16, tokens: [1, 8], batch_heads: [1, 256], use: kl_bf16_tv8_ilp2_vec8_tpg16_sm90}
+  - {layout: k_last, state_dtype: bf16, tokens: [1, 8], batch_heads: [257, 1024], use: kl_bf16_tv16_ilp4_vec8_tpg16_sm90}
+  - {layout: k_last, state_dtype: bf16, tokens: [1, 8], batch_heads: [1025, null], use: kl_bf16_tv32_ilp4_vec8_tpg16_sm90}
+  - {layout: k_last, state_dtype: fp32, tokens: [1, 8], batch_heads: [1, 256], use: kl_fp32_tv8_ilp2_vec4_tpg32_sm90}
+  - {layout: k_last, state_dtype: fp32, tokens: [1, 8], batch_heads: [257, null], use: kl_fp32_tv16_ilp4_vec4_tpg32_sm90}
+  - {layout: v_last, state_dtype: bf16, tokens: [1, 8], batch_heads: [1, 1024], use: vl_bf16_tv16_ilp8_vec8_tpg16_sm90}
+  - {layout: v_last, state_dtype: bf16, tokens: [1, 8], batch_heads: [1025, null], use: vl_bf16_tv32_ilp8_vec8_tpg16_sm90}
+  - {layout: v_last, state_dtype: fp32, tokens: [1, 8], batch_heads: [1, 256], use: vl_fp32_tv8_ilp4_vec8_tpg16_sm90}
+  - {layout: v_last, state_dtype: fp32, tokens: [1, 8], batch_heads: [257, null], use: vl_fp32_tv16_ilp4_vec8_tpg16_sm90}
+"""
+
+
+def snapshot_dict() -> dict:
+    """A fresh, mutable copy of SNAPSHOT as plain data."""
+    return yaml.safe_load(SNAPSHOT)
+
+
+def h200_dict() -> dict:
+    """A fresh, mutable copy of the committed specs/h200.yaml as plain data."""
+    return copy.deepcopy(yaml.safe_load(SPEC_PATH.read_text()))
+
+
+def to_yaml(data: object) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
