@@ -307,14 +307,18 @@ def test_every_problem_is_listed():
     assert_names(message, "(2 problem(s))", "bogus: unknown key", "geometries[0].K:")
 
 
-def test_k_64_variant_is_valid_once_a_geometry_has_k_64():
-    data = snapshot_dict()
-    data["variants"][UNUSED_KL_BF16].update(threads_per_group=8, vec=8)  # K = 64
-    data["geometries"].append({"name": "small", "H": 8, "HV": 16, "K": 64, "V": 64})
-    spec = parse_spec(to_yaml(data), FILE)
-    variant = spec.variants[UNUSED_KL_BF16]
+def test_k_64_variant_is_a_valid_knob_point():
+    variant = Variant(layout="k_last", state_dtype="bf16", tile_v=64, ilp=4, vec=8, threads_per_group=8)
     assert variant.head_k_dim == 64
-    assert spec.variant_name(variant) == "kl_bf16_tv64_ilp4_vec8_tpg8_sm90"
+    assert variant.name_for("sm_90a") == "kl_bf16_tv64_ilp4_vec8_tpg8_sm90"
+
+
+def test_geometry_with_other_head_dim_than_dispatched_variants_is_rejected():
+    """Dispatch rules do not condition on K, so one spec serves one K."""
+    data = snapshot_dict()
+    data["geometries"].append({"name": "small", "H": 8, "HV": 16, "K": 64, "V": 64})
+    message = spec_error(data)
+    assert_names(message, "dispatch[0].use", "geometry small", "K=64")
 
 
 def test_packed_fma_is_valid_on_sm100a():

@@ -1,0 +1,91 @@
+"""What a compiled kernel costs in registers, stack and spills, read from ptxas.
+
+CI compiles every generated kernel for its own SM target (no GPU needed) and checks these. The
+PTX comes from the CuTe-DSL compile; ``ptxas -v`` is taken from the nvidia-cuda-nvcc wheel (a
+test dependency) or, failing that, from PATH.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from .compile import CompileKey, compile_kernel
+
+
+@dataclass(frozen=True)
+class Resources:
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    ptx_lines: int = 0
+    #: vector global loads (ld.global.v2/v4) in the PTX
+    vector_loads: int = 0
+    #: packed fp32x2 FMAs/multiplies in the PTX (sm_100a)
+    packed_fp32x2: int = 0
+
+
+def find_ptxas() -> str:
+    try:
+        import nvidia.cuda_nvcc  # the nvidia-cuda-nvcc-cu12 wheel
+
+        for root in nvidia.cuda_nvcc.__path__:
+            candidate = Path(root) / "bin" / "ptxas"
+            if candidate.is_file():
+                return str(candidate)
+    except ImportError:
+        pass
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "ptxas not found: install the test extra (pip install -e .[test]) or a CUDA toolkit"
+    )
+
+
+def parse_ptxas(report: str) -> Resources:
+    def number(pattern: str) -> int:
+        match = re.search(pattern, report)
+        if match is None:
+            raise ValueError(f"ptxas -v report has no {pattern!r}:\n{report}")
+        return int(match.group(1))
+
+    return Resources(
+        registers=number(r"Used (\d+) registers"),
+        stack_bytes=number(r"(\d+) bytes stack frame"),
+        spill_store_bytes=number(r"(\d+) bytes spill stores"),
+        spill_load_bytes=number(r"(\d+) bytes spill loads"),
+    )
+
+
+def kernel_resources(module: ModuleType, key: CompileKey) -> Resources:
+    """Compile ``module`` for ``key`` (key.arch is the SM target) and read ptxas's report."""
+    with tempfile.TemporaryDirectory(prefix="gdngen-ptx-") as tmp:
+        compile_kernel(module, key, dump_dir=Path(tmp))
+        ptx_files = sorted(Path(tmp).glob("*.ptx"))
+        if len(ptx_files) != 1:
+            raise RuntimeError(f"expected one PTX file from the compile, found {ptx_files}")
+        ptx = ptx_files[0]
+        run = subprocess.run(
+            [find_ptxas(), f"-arch={key.arch}", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"ptxas failed for {module.NAME}:\n{run.stderr}")
+        resources = parse_ptxas(run.stderr + run.stdout)
+        text = ptx.read_text()
+    return Resources(
+        **{
+            **resources.__dict__,
+            "ptx_lines": len(text.splitlines()),
+            "vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", text)),
+            "packed_fp32x2": len(re.findall(r"\b(?:fma|mul)\.\w+\.f32x2\b", text)),
+        }
+    )

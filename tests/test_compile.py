@@ -1,0 +1,70 @@
+"""Every generated kernel compiles for its own SM target, without a GPU, within its resources.
+
+For each variant of each target under generated/: two compile keys, the single-token decode
+(pool, int32 slots, final state written) and the deepest multi-token verify (T = max_tokens,
+int64 slots, separate write slots, intermediate states, no final write). ptxas must report no
+spills and no stack, a register count the CTA can launch with, vector state loads, and packed
+fp32x2 FMAs exactly in the variants that ask for them.
+"""
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from gdngen.runtime.compile import CompileKey
+from gdngen.runtime.resources import kernel_resources
+
+GENERATED = Path(__file__).resolve().parent.parent / "generated"
+REGISTERS_PER_SM = 65536
+
+
+def _targets():
+    return sorted(p.name for p in GENERATED.iterdir() if (p / "__init__.py").is_file())
+
+
+def _cases():
+    for target_name in _targets():
+        target = importlib.import_module(f"generated.{target_name}")
+        for variant in target.VARIANTS:
+            yield pytest.param(target_name, variant, id=variant)
+
+
+def _keys(info, module):
+    geometry = info.geometries[-1]
+    common = dict(
+        variant=module.NAME, arch=info.sm, H=geometry.H, HV=geometry.HV, K=geometry.K,
+        V=geometry.V, io_dtype="bf16", gate_dtype="bf16", dt_bias_dtype="fp32",
+        state_dtype=module.KNOBS["state_dtype"], use_qk_l2norm=True,
+    )  # fmt: skip
+    yield CompileKey(
+        tokens=1, index_dtype="int32", separate_write_slots=False, cache=False,
+        write_final_state=True, **common,
+    )  # fmt: skip
+    yield CompileKey(
+        tokens=info.max_tokens, index_dtype="int64", separate_write_slots=True, cache=True,
+        write_final_state=False, **common,
+    )  # fmt: skip
+
+
+def test_every_target_is_checked():
+    assert {"h200", "b200"} <= set(_targets())
+
+
+@pytest.mark.parametrize("target_name,variant", list(_cases()))
+def test_kernel_compiles_for_its_target(target_name, variant):
+    target = importlib.import_module(f"generated.{target_name}")
+    module = importlib.import_module(f"generated.{target_name}.kernels.{variant}")
+    for key in _keys(target.INFO, module):
+        found = kernel_resources(module, key)
+        where = f"{variant} T={key.tokens} on {key.arch}: {found}"
+        assert found.spill_store_bytes == 0 and found.spill_load_bytes == 0, f"spills: {where}"
+        assert found.stack_bytes == 0, f"stack frame (local memory): {where}"
+        assert 0 < found.registers <= 255, where
+        assert found.registers * module.THREADS <= REGISTERS_PER_SM, f"CTA cannot launch: {where}"
+        loads_per_lane = module.ILP if module.LAYOUT == "k_last" else module.VEC
+        assert found.vector_loads >= loads_per_lane, f"state loads were not vectorised: {where}"
+        if module.KNOBS["packed_fma"]:
+            assert found.packed_fp32x2 > 0, f"no packed fp32x2 instructions: {where}"
+        else:
+            assert found.packed_fp32x2 == 0, where
