@@ -41,6 +41,7 @@ class VariantView:
     lane_stride: int
     butterfly_offsets: tuple[int, ...]
     layout_doc: str
+    summary: str
 
     @classmethod
     def of(cls, spec: Spec, variant: Variant) -> "VariantView":
@@ -62,6 +63,16 @@ class VariantView:
             butterfly_offsets=variant.butterfly_offsets,
             layout_doc=(
                 "K-last [pool, HV, V, K]" if variant.layout == "k_last" else "V-last [pool, HV, K, V]"
+            ),
+            summary=(
+                f"Each CTA owns {variant.tile_v} rows of one (batch, value head) state: "
+                f"{variant.groups} groups of {variant.threads_per_group} lanes "
+                f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
+                f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T "
+                f"tokens, moves it with {variant.loads_per_lane} loads of {variant.load_bytes} "
+                f"bytes, and reduces its dot products over the group with a "
+                f"{len(variant.butterfly_offsets)}-step butterfly"
+                + (" and packed fp32x2 FMAs." if variant.packed_fma else ".")
             ),
         )
 

@@ -141,7 +141,7 @@ class DecodeCall:
         return output, call.pool
 
     def prepare(self, q, k, v, state, A_log, a, dt_bias, b, **options) -> str:
-        """Check the inputs and compile the kernel a call with them would launch, without
+        """Check the inputs and compile the kernel that a call with them would launch, without
         launching it (do this before capturing a CUDA graph). Returns the variant's name."""
         arguments = dict(
             q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b, scale=None,
@@ -153,6 +153,5 @@ class DecodeCall:
         if unknown:
             raise TypeError(f"prepare: unexpected keyword argument(s) {sorted(unknown)}")
         arguments.update(options)
-        arguments_copy = dict(arguments)
-        call, _ = self._plan(arguments_copy)
+        call, _ = self._plan(arguments)
         return self._choose(call)

@@ -126,3 +126,62 @@ def test_large_multi_token_with_cache(state_dtype):
     assert_close("cache", got_cache, ref.intermediates[live], dtype)
     written = args["initial_state_indices"][rows].long()[live]
     assert_close("state", pool[written], ref.final_state[live], dtype)
+
+
+def _unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN included."""
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "bad,error",
+    [
+        (dict(initial_state_indices="float"), TypeError),
+        (dict(intermediate_states_buffer="transposed"), ValueError),
+        (dict(intermediate_states_buffer="short"), ValueError),
+        (dict(output="fp32"), TypeError),
+        (dict(A_log="bf16"), TypeError),
+        (dict(check_indices="out_of_range"), ValueError),
+    ],
+    ids=["float_indices", "non_contiguous_cache", "cache_steps_lt_T", "output_dtype", "A_log_dtype", "index_past_pool"],
+)
+def test_bad_inputs_leave_state_untouched(bad, error):
+    problem = Problem(batch=4, tokens=2, HV=32, pool_size=8, cache_steps=2, seed=13)
+    args = problem.make("cuda")
+    pool = args["initial_state"]
+    cache = args["intermediate_states_buffer"]
+    before, cache_before = pool.clone(), cache.clone()
+    kind = next(iter(bad.values()))
+    if kind == "float":
+        args["initial_state_indices"] = args["initial_state_indices"].float()
+    elif kind == "transposed":
+        args["intermediate_states_buffer"] = cache.transpose(-1, -2)
+    elif kind == "short":
+        args["intermediate_states_buffer"] = cache[:, :1]
+    elif kind == "fp32":
+        args["output"] = torch.empty(4, 2, 32, 128, dtype=torch.float32, device="cuda")
+    elif kind == "bf16":
+        args["A_log"] = args["A_log"].bfloat16()
+    elif kind == "out_of_range":
+        args["initial_state_indices"][2] = 8
+        args["check_indices"] = True
+    with pytest.raises(error):
+        h200.gdn_decode(**args)
+    torch.cuda.synchronize()
+    assert _unchanged(pool, before) and _unchanged(cache, cache_before)
+
+
+def test_slot_past_the_pool_without_checks_touches_nothing():
+    """With check_indices off, a slot >= pool size is never dereferenced: its rows get NaN."""
+    problem = Problem(batch=4, HV=32, pool_size=6, seed=17)
+    args = problem.make("cuda")
+    args["initial_state_indices"][1] = 6
+    pool = args["initial_state"]
+    before = pool.clone()
+    out, _ = h200.gdn_decode(**args)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1].float()).all()
+    assert not torch.isnan(out[[0, 2, 3]].float()).any()
+    untouched = torch.ones(6, dtype=torch.bool, device="cuda")
+    untouched[args["initial_state_indices"][[0, 2, 3]].long()] = False
+    assert _unchanged(pool[untouched], before[untouched])

@@ -1,0 +1,47 @@
+"""The generated call up to the point where a GPU is needed: everything is checked first."""
+
+import pytest
+
+import generated.b200 as b200
+import generated.h200 as h200
+from gdngen.problem import Problem
+from gdngen.runtime.launcher import compiled_count
+
+
+def _args(**fields):
+    return Problem(batch=3, HV=32, pool_size=5, **fields).make("cpu")
+
+
+def test_cpu_tensors_are_refused_before_any_compile():
+    before = compiled_count()
+    args = _args()
+    pool = args["initial_state"].clone()
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor; got a tensor on cpu"):
+        h200.gdn_decode(**args)
+    assert compiled_count() == before
+    assert args["initial_state"].equal(pool)
+
+
+def test_bad_input_is_reported_before_the_device_check():
+    args = _args()
+    args["initial_state_indices"] = args["initial_state_indices"].float()
+    with pytest.raises(TypeError, match="initial_state_indices: expected dtype int32, int64; got float32"):
+        h200.gdn_decode(**args)
+
+
+def test_prepare_rejects_unknown_options():
+    with pytest.raises(TypeError, match=r"prepare: unexpected keyword argument\(s\) \['state_dtype'\]"):
+        h200.gdn_decode.prepare(**_args(), state_dtype="bf16")
+
+
+def test_unknown_variant_names_the_known_ones():
+    with pytest.raises(ValueError, match="'kl_bf16_tv3_sm90' is not a variant of target h200; it has kl_bf16_tv4"):
+        h200.variant("kl_bf16_tv3_sm90")
+
+
+@pytest.mark.parametrize("target", [h200, b200], ids=["h200", "b200"])
+def test_each_kernel_module_exposes_its_own_call(target):
+    for name in target.VARIANTS:
+        module = target.variant(name).module(name)
+        assert module.NAME == name and module.gdn_decode.__name__ == name
+        assert module.KNOBS["layout"] == module.LAYOUT

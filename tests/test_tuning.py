@@ -1,0 +1,227 @@
+"""Tuning files: parsing, validation against the spec, and the dispatch rows emit makes of them."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import generated.h200 as h200
+from gdngen.emit import Measured, emit, expected_files
+from gdngen.runtime.dispatch import Row, select
+from gdngen.spec import load_spec, parse_spec
+from gdngen.tune.measure import merge, shortlist
+from gdngen.tune.tuning_file import (
+    Cell,
+    TuningError,
+    TuningFile,
+    dump_tuning,
+    load_tuning,
+    tuned_rows,
+    variants_sha256,
+)
+from tests.spec_helpers import ROOT, to_yaml
+
+SMALL = {
+    "target": "mini",
+    "sm": "sm_90a",
+    "geometries": [
+        {"name": "a", "H": 16, "HV": 32, "K": 128, "V": 128},
+        {"name": "b", "H": 16, "HV": 64, "K": 128, "V": 128},
+    ],
+    "features": {"max_tokens": 8},
+    "variants": [
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 8, "ilp": 2, "vec": 8, "threads_per_group": 16},
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 64, "ilp": 8, "vec": 8, "threads_per_group": 16},
+        {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 2, "vec": 4, "threads_per_group": 32},
+    ],
+    "tuning": {"gpu": "H100", "tokens": [1, 4], "batch": [1, 64], "heads": [32, 64]},
+    "dispatch": [
+        {"layout": "k_last", "state_dtype": "bf16", "tokens": [1, 8], "batch_heads": [1, None], "use": "kl_bf16_tv8_ilp2_vec8_tpg16_sm90"},
+        {"layout": "k_last", "state_dtype": "fp32", "tokens": [1, 8], "batch_heads": [1, None], "use": "kl_fp32_tv8_ilp2_vec4_tpg32_sm90"},
+    ],
+}  # fmt: skip
+SMALL_V = "kl_bf16_tv8_ilp2_vec8_tpg16_sm90"
+LARGE_V = "kl_bf16_tv64_ilp8_vec8_tpg16_sm90"
+
+
+@pytest.fixture
+def spec():
+    return parse_spec(to_yaml(SMALL), "specs/mini.yaml")
+
+
+def _cells() -> list[Cell]:
+    """bf16 only: the small variant wins below B*HV = 1024, the large one from 2048 up."""
+    cells = []
+    for mode, tokens in (("update", 1), ("update", 4), ("verify", 4)):
+        for HV in (32, 64):
+            for batch in (1, 64):
+                bh = batch * HV
+                small = 3.0 + bh * 0.01
+                large = 3.5 + bh * 0.008 if bh >= 2048 else small + 1.0
+                cells.append(
+                    Cell(
+                        layout="k_last", state_dtype="bf16", tokens=tokens, mode=mode, HV=HV,
+                        batch=batch, times_us={SMALL_V: round(small, 2), LARGE_V: round(large, 2)},
+                    )  # fmt: skip
+                )
+    return cells
+
+
+def _tuning(spec, **changes) -> TuningFile:
+    fields = dict(
+        target="mini", sm="sm_90a", gpu="NVIDIA H100 80GB HBM3", date="2026-11-22",
+        command="gdngen tune specs/mini.yaml", variants_sha256=variants_sha256(spec),
+        copy_bw_tbps=2.97, versions={"torch": "2.11.0"}, cells=_cells(),
+    )  # fmt: skip
+    fields.update(changes)
+    return TuningFile(**fields)
+
+
+def _write(tmp_path: Path, tuning: TuningFile) -> Path:
+    path = tmp_path / "mini.tuning.yaml"
+    path.write_text(dump_tuning(tuning))
+    return path
+
+
+def test_dump_and_load_round_trip(spec, tmp_path):
+    tuning = _tuning(spec)
+    loaded = load_tuning(_write(tmp_path, tuning), spec)
+    assert sorted(loaded.cells, key=repr) == sorted(tuning.cells, key=repr)
+    assert loaded.gpu == tuning.gpu and loaded.versions == tuning.versions
+
+
+def test_dump_is_sorted_and_deterministic(spec):
+    tuning = _tuning(spec)
+    shuffled = tuning.model_copy(update={"cells": list(reversed(tuning.cells))})
+    assert dump_tuning(tuning) == dump_tuning(shuffled)
+    text = dump_tuning(tuning)
+    assert text.startswith("# Measured by `gdngen tune specs/mini.yaml`")
+    assert yaml.safe_load(text)["target"] == "mini"
+
+
+def test_rows_pick_the_fastest_and_split_at_geometric_midpoints(spec):
+    rows = tuned_rows(_tuning(spec), spec, "specs/mini.tuning.yaml")
+    t1 = [r for r in rows if r["tokens"] == (1, 3) and r["intermediate"] == "no"]
+    # measured B*HV: 32, 64, 2048, 4096 -> small wins up to 64, large from 2048
+    assert [(r["batch_heads"], r["variant"]) for r in t1] == [
+        ((1, 362), SMALL_V),  # isqrt(64 * 2048) = 362
+        ((363, None), LARGE_V),
+    ]
+    assert all("tuned specs/mini.tuning.yaml T=1 update" in r["source"] for r in t1)
+    assert "B*HV=2048" in t1[1]["source"] and "next " + SMALL_V in t1[1]["source"]
+
+
+def test_rows_cover_every_token_count_and_both_modes(spec):
+    rows = tuned_rows(_tuning(spec), spec, "t.yaml")
+    covered = {(r["tokens"], r["intermediate"]) for r in rows}
+    assert covered == {((1, 3), "no"), ((4, 8), "no"), ((1, 8), "yes")}
+
+
+def test_emit_uses_tuned_rows_and_static_rules_for_the_rest(spec, tmp_path):
+    measured = Measured(_tuning(spec), "specs/mini.tuning.yaml")
+    out = tmp_path / "generated"
+    emit(spec, "specs/mini.yaml", out, measured)
+    namespace: dict = {}
+    exec((out / "mini" / "dispatch.py").read_text(), namespace)
+    table = tuple(Row(*row) for row in namespace["TABLE"])
+    big = select(table, layout="k_last", state_dtype="bf16", tokens=4, batch_heads=8192, intermediate=True)
+    assert big.variant == LARGE_V and big.source.startswith("tuned specs/mini.tuning.yaml T=4 verify")
+    fp32 = select(table, layout="k_last", state_dtype="fp32", tokens=2, batch_heads=64, intermediate=False)
+    assert fp32.source == "spec dispatch[1]"  # fp32 was not measured: the static rule stays
+    manifest = (out / "mini" / "MANIFEST.txt").read_text()
+    assert "# Dispatch: measured, specs/mini.tuning.yaml" in manifest
+
+
+def test_emit_from_tuning_is_deterministic(spec):
+    measured = Measured(_tuning(spec), "specs/mini.tuning.yaml")
+    assert expected_files(spec, "specs/mini.yaml", measured) == expected_files(
+        spec, "specs/mini.yaml", measured
+    )
+
+
+@pytest.mark.parametrize(
+    "changes,reason",
+    [
+        (dict(gpu="NVIDIA A100-SXM4-80GB"), "measured on 'NVIDIA A100-SXM4-80GB'; the spec's tuning.gpu is 'H100'"),
+        (dict(sm="sm_100a"), "measured for target mini (sm_100a), the spec is mini (sm_90a)"),
+        (dict(variants_sha256="0000"), "the spec's variants changed since it was measured"),
+    ],
+    ids=["other_gpu", "other_sm", "variants_changed"],
+)
+def test_mismatched_tuning_is_reported(spec, tmp_path, changes, reason):
+    path = _write(tmp_path, _tuning(spec, **changes))
+    with pytest.raises(TuningError) as error:
+        load_tuning(path, spec)
+    message = str(error.value)
+    assert str(path) in message and "stale or mismatched" in message and reason in message
+    assert "gdngen tune" in message
+
+
+def test_unknown_variant_is_reported(spec, tmp_path):
+    cells = _cells()
+    cells[0] = cells[0].model_copy(update={"times_us": {"kl_bf16_tv4_ilp1_vec8_tpg16_sm90": 1.0}})
+    path = _write(tmp_path, _tuning(spec, cells=cells))
+    with pytest.raises(TuningError, match="names variants the spec does not have: kl_bf16_tv4_ilp1"):
+        load_tuning(path, spec)
+
+
+def test_malformed_tuning_file_names_the_file_and_field(spec, tmp_path):
+    path = tmp_path / "bad.tuning.yaml"
+    path.write_text("target: mini\ncells: 3\n")
+    with pytest.raises(TuningError, match=r"bad.tuning.yaml: invalid tuning file: "):
+        load_tuning(path, spec)
+
+
+def test_cli_emit_refuses_a_stale_tuning_file(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    data = dict(SMALL)
+    (specs / "mini.yaml").write_text(to_yaml(data))
+    spec = parse_spec(to_yaml(data), "specs/mini.yaml")
+    (specs / "mini.tuning.yaml").write_text(dump_tuning(_tuning(spec, variants_sha256="0000")))
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "emit", "specs/mini.yaml"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "mini.tuning.yaml: stale or mismatched tuning data" in run.stderr
+    assert not (tmp_path / "generated" / "mini").exists()
+
+
+def test_merge_keeps_cells_not_remeasured(spec):
+    old = _tuning(spec)
+    fresh_cell = old.cells[0].model_copy(update={"times_us": {SMALL_V: 1.0, LARGE_V: 2.0}})
+    new = _tuning(spec, cells=[fresh_cell])
+    merged = merge(old, new)
+    assert len(merged.cells) == len(old.cells)
+    assert fresh_cell in merged.cells and old.cells[0] not in merged.cells
+
+
+def test_shortlist_keeps_variants_near_the_best():
+    cells = [
+        Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=32, batch=1,
+             times_us={"a": 10.0, "b": 10.5, "c": 12.0}),
+        Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=32, batch=64,
+             times_us={"a": 20.0, "b": 30.0, "c": 19.0}),
+    ]  # fmt: skip
+    assert shortlist(cells, 1.10) == ["a", "b", "c"]
+    assert shortlist(cells, 1.01) == ["a", "c"]
+
+
+def test_committed_tuning_matches_the_committed_dispatch():
+    """specs/h200.tuning.yaml is valid for specs/h200.yaml, and for every measured cell the
+    committed dispatch picks the variant measured fastest there (cells sharing a B*HV are
+    decided by their summed time, so allow the runner-up a 1% edge in those)."""
+    spec = load_spec(ROOT / "specs" / "h200.yaml")
+    tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec)
+    assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
+    for cell in tuning.cells:
+        row = h200.select(
+            layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
+            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
+        )  # fmt: skip
+        assert row.source.startswith("tuned specs/h200.tuning.yaml"), row
+        best = min(cell.times_us.values())
+        assert cell.times_us[row.variant] <= best * 1.01, (cell, row.variant)
