@@ -13,6 +13,11 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
+def state_of(args: dict):
+    """The state a call updates: the dense ``state`` or the pool ``initial_state``."""
+    return args["state"] if args["state"] is not None else args["initial_state"]
+
+
 @dataclass(frozen=True)
 class Problem:
     batch: int

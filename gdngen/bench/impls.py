@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from gdngen.problem import Problem
+from gdngen.problem import Problem, state_of
 
 INT32_LIMIT = 2**31
 
@@ -89,7 +89,7 @@ class Gdngen(Impl):
         output = _output(problem, args)
         call = self.call
         self.call.prepare(**args)
-        pool = args["state"] if args["state"] is not None else args["initial_state"]
+        pool = state_of(args)
         return Bound(
             run=lambda: call(**args, output=output),
             read_output=lambda: output,
@@ -148,7 +148,7 @@ class FlashInfer(Impl):
                 read_state=lambda: state,
                 slots=None,
             )
-        pool = args["state"] if args["state"] is not None else args["initial_state"]
+        pool = state_of(args)
         if args["state"] is not None:
             slots = torch.arange(problem.batch, dtype=torch.int32, device="cuda")
         else:

@@ -11,7 +11,7 @@ from typing import Iterable, TextIO
 
 import torch
 
-from gdngen.problem import Problem
+from gdngen.problem import Problem, state_of
 from gdngen.reference import reference_decode
 
 from .impls import Gdngen, Impl
@@ -106,7 +106,7 @@ def measure(
     try:
         inputs = [ran.with_(seed=seed).make("cuda") for seed in range(sets)]
         bounds = [impl.bind(ran, args) for args in inputs]
-        first_pool = inputs[0]["state"] if inputs[0]["state"] is not None else inputs[0]["initial_state"]
+        first_pool = state_of(inputs[0])
         result.check_error = check_against_reference(ran, inputs[0], bounds[0], first_pool.clone())
         if not result.check_error <= CHECK_TOL:
             result.status = f"check failed: error {result.check_error:.3g} > {CHECK_TOL}"

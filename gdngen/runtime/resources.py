@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -81,11 +81,9 @@ def kernel_resources(module: ModuleType, key: CompileKey) -> Resources:
             raise RuntimeError(f"ptxas failed for {module.NAME}:\n{run.stderr}")
         resources = parse_ptxas(run.stderr + run.stdout)
         text = ptx.read_text()
-    return Resources(
-        **{
-            **resources.__dict__,
-            "ptx_lines": len(text.splitlines()),
-            "vector_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", text)),
-            "packed_fp32x2": len(re.findall(r"\b(?:fma|mul)\.\w+\.f32x2\b", text)),
-        }
+    return replace(
+        resources,
+        ptx_lines=len(text.splitlines()),
+        vector_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", text)),
+        packed_fp32x2=len(re.findall(r"\b(?:fma|mul)\.\w+\.f32x2\b", text)),
     )

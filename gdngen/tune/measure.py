@@ -20,7 +20,7 @@ from gdngen.bench.impls import Gdngen
 from gdngen.bench.report import environment
 from gdngen.bench.run import check_against_reference
 from gdngen.bench.timing import copy_bandwidth, rotating_sets, time_calls
-from gdngen.problem import Problem
+from gdngen.problem import Problem, state_of
 from gdngen.spec.model import Spec
 
 from .tuning_file import Cell, TuningFile, variants_sha256
@@ -43,7 +43,7 @@ def time_variants(
         impl = Gdngen(target, name)
         bounds = [impl.bind(problem, args) for args in inputs]
         args = inputs[0]
-        pool = args["state"] if args["state"] is not None else args["initial_state"]
+        pool = state_of(args)
         error = check_against_reference(problem, args, bounds[0], pool.clone())
         if not error <= CHECK_TOL:
             raise TuneError(f"{name} disagrees with the reference on {problem}: error {error:.3g}")

@@ -2,7 +2,7 @@
 
 import torch
 
-from gdngen.problem import TORCH_DTYPES, Problem
+from gdngen.problem import TORCH_DTYPES, Problem, state_of
 from gdngen.reference import reference_decode
 from tests.compare import assert_close
 
@@ -13,7 +13,7 @@ def as_k_last(state: torch.Tensor, layout: str) -> torch.Tensor:
 
 def run_and_check(call, problem: Problem, *, pass_output: bool = True) -> None:
     args = problem.make("cuda")
-    pool = args["state"] if args["state"] is not None else args["initial_state"]
+    pool = state_of(args)
     pool_before = pool.clone()
     cache = args.get("intermediate_states_buffer")
     io = TORCH_DTYPES[problem.io_dtype]
