@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 
-
 def _cmd_emit(args: argparse.Namespace) -> int:
     from gdngen.emit import Measured, check, display_path, emit
     from gdngen.emit.render import RenderError
@@ -72,7 +71,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.measure import TuneError, merge, tune, write
-    from gdngen.tune.tuning_file import TuningError, default_path, load_tuning
+    from gdngen.tune.tuning_file import TuningError, default_path, read_tuning, stale_pairs
 
     if not torch.cuda.is_available():
         print("gdngen tune: needs a CUDA GPU", file=sys.stderr)
@@ -88,10 +87,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
     old = None
     if args.merge and out.exists():
+        # Not load_tuning: a file with some stale pairs still has fresh ones to keep; merge drops
+        # the stale ones (and everything if the GPU differs).
         try:
-            old = load_tuning(out, spec)
+            old = read_tuning(out)
         except TuningError as exc:
             print(f"gdngen tune: not merging with {out}: {exc}", file=sys.stderr)
+        else:
+            for reason in stale_pairs(old, spec).values():
+                print(f"gdngen tune: dropping stale cells of {reason}", file=sys.stderr)
     # One pair at a time, written as it completes: a long run that is cut off keeps its cells.
     for pair in pairs or list(spec.served):
         try:
@@ -99,7 +103,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         except TuneError as exc:
             print(f"gdngen tune: {exc}", file=sys.stderr)
             return 1
-        old = merge(old, measured)
+        old = merge(old, measured, spec)
         write(out, old)
         print(f"wrote {out}: {'/'.join(pair)} measured ({len(measured.cells)} cells)", flush=True)
     print(f"now run: gdngen emit {spec_path}")
@@ -113,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_emit = sub.add_parser("emit", help="write generated/<target>/ from a spec (no GPU needed)")
-    p_emit.add_argument("specs", nargs="+", metavar="SPEC", help="spec file(s), e.g. specs/b200.yaml")
+    p_emit.add_argument(
+        "specs", nargs="+", metavar="SPEC", help="spec file(s), e.g. specs/b200.yaml"
+    )
     p_emit.add_argument(
         "--check",
         action="store_true",
@@ -135,9 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_tune.add_argument("spec", metavar="SPEC")
     p_tune.add_argument("--out", help="tuning file (default: next to the spec, <stem>.tuning.yaml)")
-    p_tune.add_argument("--pairs", help="only these layout/dtype pairs, e.g. k_last/bf16,v_last/fp32")
+    p_tune.add_argument(
+        "--pairs", help="only these layout/dtype pairs, e.g. k_last/bf16,v_last/fp32"
+    )
     p_tune.add_argument("--tokens", help="only these T values (default: the spec's tuning.tokens)")
-    p_tune.add_argument("--merge", action="store_true", help="keep cells of the existing file not re-measured")
+    p_tune.add_argument(
+        "--merge", action="store_true", help="keep cells of the existing file not re-measured"
+    )
     p_tune.add_argument("--replays", type=int, default=15)
     p_tune.set_defaults(func=_cmd_tune)
     return parser

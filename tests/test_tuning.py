@@ -18,6 +18,7 @@ from gdngen.tune.tuning_file import (
     TuningFile,
     dump_tuning,
     load_tuning,
+    pair_sha256,
     tuned_rows,
     variants_sha256,
 )
@@ -126,9 +127,15 @@ def test_emit_uses_tuned_rows_and_static_rules_for_the_rest(spec, tmp_path):
     namespace: dict = {}
     exec((out / "mini" / "dispatch.py").read_text(), namespace)
     table = tuple(Row(*row) for row in namespace["TABLE"])
-    big = select(table, layout="k_last", state_dtype="bf16", tokens=4, batch_heads=8192, intermediate=True)
-    assert big.variant == LARGE_V and big.source.startswith("tuned specs/mini.tuning.yaml T=4 verify")
-    fp32 = select(table, layout="k_last", state_dtype="fp32", tokens=2, batch_heads=64, intermediate=False)
+    big = select(
+        table, layout="k_last", state_dtype="bf16", tokens=4, batch_heads=8192, intermediate=True
+    )
+    assert big.variant == LARGE_V and big.source.startswith(
+        "tuned specs/mini.tuning.yaml T=4 verify"
+    )
+    fp32 = select(
+        table, layout="k_last", state_dtype="fp32", tokens=2, batch_heads=64, intermediate=False
+    )
     assert fp32.source == "spec dispatch[1]"  # fp32 was not measured: the static rule stays
     manifest = (out / "mini" / "MANIFEST.txt").read_text()
     assert "# Dispatch: measured, specs/mini.tuning.yaml" in manifest
@@ -144,11 +151,19 @@ def test_emit_from_tuning_is_deterministic(spec):
 @pytest.mark.parametrize(
     "changes,reason",
     [
-        (dict(gpu="NVIDIA A100-SXM4-80GB"), "measured on 'NVIDIA A100-SXM4-80GB'; the spec's tuning.gpu is 'H100'"),
+        (
+            dict(gpu="NVIDIA A100-SXM4-80GB"),
+            "measured on 'NVIDIA A100-SXM4-80GB'; the spec's tuning.gpu is 'H100'",
+        ),
         (dict(sm="sm_100a"), "measured for target mini (sm_100a), the spec is mini (sm_90a)"),
-        (dict(variants_sha256="0000"), "the spec's variants changed since it was measured"),
+        (
+            dict(variants_sha256={"k_last/bf16": "0000"}),
+            "k_last/bf16: the spec's variants of this pair changed since it was measured "
+            "(variants sha256 0000 in the file, ",
+        ),
+        (dict(variants_sha256={}), "k_last/bf16: the file records no variants sha256"),
     ],
-    ids=["other_gpu", "other_sm", "variants_changed"],
+    ids=["other_gpu", "other_sm", "variants_changed", "pair_not_recorded"],
 )
 def test_mismatched_tuning_is_reported(spec, tmp_path, changes, reason):
     path = _write(tmp_path, _tuning(spec, **changes))
@@ -163,7 +178,9 @@ def test_unknown_variant_is_reported(spec, tmp_path):
     cells = _cells()
     cells[0] = cells[0].model_copy(update={"times_us": {"kl_bf16_tv4_ilp1_vec8_tpg16_sm90": 1.0}})
     path = _write(tmp_path, _tuning(spec, cells=cells))
-    with pytest.raises(TuningError, match="names variants the spec does not have: kl_bf16_tv4_ilp1"):
+    with pytest.raises(
+        TuningError, match="names variants the spec does not have: kl_bf16_tv4_ilp1"
+    ):
         load_tuning(path, spec)
 
 
@@ -180,7 +197,9 @@ def test_cli_emit_refuses_a_stale_tuning_file(tmp_path):
     data = dict(SMALL)
     (specs / "mini.yaml").write_text(to_yaml(data))
     spec = parse_spec(to_yaml(data), "specs/mini.yaml")
-    (specs / "mini.tuning.yaml").write_text(dump_tuning(_tuning(spec, variants_sha256="0000")))
+    (specs / "mini.tuning.yaml").write_text(
+        dump_tuning(_tuning(spec, variants_sha256={"k_last/bf16": "0000"}))
+    )
     run = subprocess.run(
         [sys.executable, "-m", "gdngen", "emit", "specs/mini.yaml"],
         cwd=tmp_path, capture_output=True, text=True,
@@ -194,9 +213,97 @@ def test_merge_keeps_cells_not_remeasured(spec):
     old = _tuning(spec)
     fresh_cell = old.cells[0].model_copy(update={"times_us": {SMALL_V: 1.0, LARGE_V: 2.0}})
     new = _tuning(spec, cells=[fresh_cell])
-    merged = merge(old, new)
+    merged = merge(old, new, spec)
     assert len(merged.cells) == len(old.cells)
     assert fresh_cell in merged.cells and old.cells[0] not in merged.cells
+
+
+def _with_variant(variant: dict):
+    """The SMALL spec with one more variant (and no other change)."""
+    return parse_spec(
+        to_yaml({**SMALL, "variants": SMALL["variants"] + [variant]}), "specs/mini.yaml"
+    )
+
+
+BF16_EXTRA = dict(SMALL["variants"][0], tile_v=16, ilp=4)
+FP32_EXTRA = dict(SMALL["variants"][2], tile_v=16, ilp=4)
+FP32_V = "kl_fp32_tv8_ilp2_vec4_tpg32_sm90"
+
+
+def test_variants_sha256_names_every_pair_with_variants(spec):
+    assert variants_sha256(spec) == {
+        "k_last/bf16": pair_sha256(spec, "k_last", "bf16"),
+        "k_last/fp32": pair_sha256(spec, "k_last", "fp32"),
+    }
+    assert len(pair_sha256(spec, "k_last", "bf16")) == 16
+
+
+def test_a_variant_added_to_another_pair_leaves_a_pair_fresh(spec, tmp_path):
+    path = _write(tmp_path, _tuning(spec))  # bf16 cells only
+    changed = _with_variant(FP32_EXTRA)
+    assert pair_sha256(changed, "k_last", "fp32") != pair_sha256(spec, "k_last", "fp32")
+    assert load_tuning(path, changed).cells  # the bf16 timings still hold
+
+
+def test_a_variant_added_to_the_same_pair_makes_it_stale(spec, tmp_path):
+    path = _write(tmp_path, _tuning(spec))
+    with pytest.raises(TuningError, match=r"k_last/bf16: the spec's variants of this pair changed"):
+        load_tuning(path, _with_variant(BF16_EXTRA))
+
+
+def test_a_knob_at_its_default_does_not_change_the_pair_hash(spec):
+    """Spelling out a default (as a spec written before the knob existed would not) is the same
+    kernel, so the same timings; a knob off its default is hashed."""
+    explicit = dict(SMALL["variants"][0], solve="stepwise", row_passes=1, packed_fma=False)
+    variants = [explicit] + SMALL["variants"][1:]
+    respelled = parse_spec(to_yaml({**SMALL, "variants": variants}), "specs/mini.yaml")
+    assert variants_sha256(respelled) == variants_sha256(spec)
+    staged = dict(SMALL["variants"][0], solve="staged")
+    implicit_passes = _with_variant(staged)
+    explicit_passes = _with_variant(dict(staged, row_passes=1))
+    assert variants_sha256(implicit_passes) == variants_sha256(explicit_passes)
+    assert pair_sha256(implicit_passes, "k_last", "bf16") != pair_sha256(spec, "k_last", "bf16")
+
+
+def test_merge_keeps_fresh_pairs_drops_stale_ones_and_replaces_remeasured_cells(spec):
+    fp32_cell = Cell(
+        layout="k_last", state_dtype="fp32", tokens=1, mode="update", HV=32, batch=1,
+        times_us={FP32_V: 4.0},
+    )  # fmt: skip
+    old = _tuning(spec, cells=_cells() + [fp32_cell])
+    # The spec gains a bf16 variant: old bf16 cells are stale, the fp32 one still holds.
+    changed = _with_variant(BF16_EXTRA)
+    remeasured = old.cells[0].model_copy(update={"times_us": {SMALL_V: 1.0, LARGE_V: 2.0}})
+    new = _tuning(
+        changed, cells=[remeasured],
+        variants_sha256={"k_last/bf16": pair_sha256(changed, "k_last", "bf16")},
+    )  # fmt: skip
+    merged = merge(old, new, changed)
+    assert sorted(merged.cells, key=repr) == sorted([remeasured, fp32_cell], key=repr)
+    assert merged.variants_sha256 == variants_sha256(changed)
+    # Re-measuring one fp32 cell of a fresh pair keeps the pair's other cells.
+    other = fp32_cell.model_copy(update={"batch": 64})
+    old = _tuning(spec, cells=[fp32_cell, other])
+    refreshed = fp32_cell.model_copy(update={"times_us": {FP32_V: 3.0}})
+    new = _tuning(
+        spec, cells=[refreshed],
+        variants_sha256={"k_last/fp32": pair_sha256(spec, "k_last", "fp32")},
+    )  # fmt: skip
+    merged = merge(old, new, spec)
+    assert sorted(merged.cells, key=repr) == sorted([refreshed, other], key=repr)
+    assert merged.variants_sha256 == {"k_last/fp32": pair_sha256(spec, "k_last", "fp32")}
+
+
+def test_merge_keeps_nothing_measured_on_another_gpu(spec):
+    old = _tuning(spec, gpu="NVIDIA H100 PCIe")
+    new = _tuning(spec, cells=[old.cells[0]])
+    assert merge(old, new, spec) == new
+
+
+def test_dump_lists_the_pair_hashes_sorted(spec):
+    tuning = _tuning(spec, variants_sha256={"k_last/fp32": "b" * 16, "k_last/bf16": "a" * 16})
+    text = dump_tuning(tuning)
+    assert f"variants_sha256:\n  k_last/bf16: {'a' * 16}\n  k_last/fp32: {'b' * 16}\n" in text
 
 
 def test_shortlist_keeps_variants_near_the_best():
@@ -208,6 +315,22 @@ def test_shortlist_keeps_variants_near_the_best():
     ]  # fmt: skip
     assert shortlist(cells, 1.10) == ["a", "b", "c"]
     assert shortlist(cells, 1.01) == ["a", "c"]
+
+
+def test_shortlist_ranks_each_solve_family_against_itself():
+    cells = [
+        Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=64, batch=1,
+             times_us={"step_a": 10.0, "step_b": 10.5, "staged_a": 13.0, "staged_b": 16.0})
+    ]  # fmt: skip
+    family = {
+        "step_a": "stepwise",
+        "step_b": "stepwise",
+        "staged_a": "staged",
+        "staged_b": "staged",
+    }
+    # Without families the staged kernels, slower at T = 1, would never be timed at T > 1.
+    assert shortlist(cells, 1.10) == ["step_a", "step_b"]
+    assert shortlist(cells, 1.10, family) == ["staged_a", "step_a", "step_b"]
 
 
 def test_committed_tuning_matches_the_committed_dispatch():

@@ -19,6 +19,8 @@ from gdngen.tune.tuning_file import TuningError, TuningFile, tuned_rows
 #: bumped when the emitted files' shape changes in a way their inputs do not show
 GENERATOR_VERSION = "1"
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+#: the kernel template and every partial it imports or includes (their text shapes each kernel)
+KERNEL_TEMPLATES = ("decode.py.j2", "_macros.j2", "_solve_stepwise.j2", "_solve_staged.j2")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class VariantView:
     vec: int
     threads_per_group: int
     packed_fma: bool
+    solve: str
+    row_passes: int
     groups: int
     threads: int
     head_k_dim: int
@@ -40,6 +44,17 @@ class VariantView:
     loads_per_lane: int
     lane_stride: int
     butterfly_offsets: tuple[int, ...]
+    # the staged solve's reduce-scatter and per-CTA staging (Variant's docstrings say what each is)
+    scatter_levels: tuple[tuple[int, int, int], ...]
+    scatter_rest_offsets: tuple[int, ...]
+    rows_held: int
+    row_bits: tuple[tuple[int, int], ...]
+    query_mask: int
+    query_offset: int
+    writer_mask: int
+    warps: int
+    k_per_warp_lane: int
+    warp_butterfly_offsets: tuple[int, ...]
     layout_doc: str
     summary: str
 
@@ -54,6 +69,8 @@ class VariantView:
             vec=variant.vec,
             threads_per_group=variant.threads_per_group,
             packed_fma=variant.packed_fma,
+            solve=variant.solve,
+            row_passes=variant.row_passes,
             groups=variant.groups,
             threads=variant.threads,
             head_k_dim=variant.head_k_dim,
@@ -61,6 +78,16 @@ class VariantView:
             loads_per_lane=variant.loads_per_lane,
             lane_stride=variant.lane_stride,
             butterfly_offsets=variant.butterfly_offsets,
+            scatter_levels=variant.scatter_levels,
+            scatter_rest_offsets=variant.scatter_rest_offsets,
+            rows_held=variant.rows_held,
+            row_bits=variant.row_bits,
+            query_mask=variant.query_mask,
+            query_offset=variant.query_offset,
+            writer_mask=variant.writer_mask,
+            warps=variant.warps,
+            k_per_warp_lane=variant.k_per_warp_lane,
+            warp_butterfly_offsets=variant.warp_butterfly_offsets,
             layout_doc=(
                 "K-last [pool, HV, V, K]" if variant.layout == "k_last" else "V-last [pool, HV, K, V]"
             ),
@@ -69,10 +96,24 @@ class VariantView:
                 f"{variant.groups} groups of {variant.threads_per_group} lanes "
                 f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
                 f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T "
-                f"tokens, moves it with {variant.loads_per_lane} loads of {variant.load_bytes} "
-                f"bytes, and reduces its dot products over the group with a "
-                f"{len(variant.butterfly_offsets)}-step butterfly"
-                + (" and packed fp32x2 FMAs." if variant.packed_fma else ".")
+                f"tokens"
+                + (
+                    f", {variant.row_passes} tiles one after the other,"
+                    if variant.row_passes > 1
+                    else ","
+                )
+                + f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} "
+                f"bytes, and "
+                + (
+                    f"reduces its dot products over the group with a "
+                    f"{len(variant.butterfly_offsets)}-step butterfly, token by token"
+                    if variant.solve == "stepwise"
+                    else f"solves the tokens staged: q, k and the gates of all T tokens are "
+                    f"staged once per CTA in shared memory, every dot product is taken against the "
+                    f"initial state and reduce-scattered so that a lane owns "
+                    f"{variant.rows_held} row(s), and the deltas are solved in closed form"
+                )
+                + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
             ),
         )
 
@@ -114,7 +155,7 @@ def _meta(spec_path: str, inputs_sha256: str) -> dict:
 
 def plan_target(spec: Spec, spec_path: str, tuning: Measured | None = None) -> list[PlannedFile]:
     """Every file of generated/<spec.target>/, in a fixed order."""
-    kernel_templates = _template_source("decode.py.j2") + _template_source("_macros.j2")
+    kernel_templates = "".join(_template_source(name) for name in KERNEL_TEMPLATES)
     variants = sorted(spec.variants, key=lambda v: natural_key(spec.variant_name(v)))
     views = [VariantView.of(spec, variant) for variant in variants]
     files: list[PlannedFile] = []

@@ -28,6 +28,8 @@ WARP = 32
 MAX_THREADS_PER_CTA = 1024
 #: SM targets that have the packed fp32x2 FMA instruction
 PACKED_FMA_TARGETS = ("sm_100a",)
+#: how a kernel walks the T tokens (see Variant.solve)
+Solve = Literal["stepwise", "staged"]
 
 
 class _Strict(BaseModel):
@@ -71,6 +73,14 @@ class Variant(_Strict):
     K-last state: a lane loads ``vec`` contiguous K elements of each of its ``ilp`` rows
     (``ilp`` independent loads of ``vec * S`` bytes). V-last state: a lane loads ``ilp``
     contiguous rows of each of its ``vec`` K columns (``vec`` loads of ``ilp * S`` bytes).
+
+    ``solve`` is how the tokens are walked. ``stepwise``: token by token, each group normalises q
+    and k itself, reduces its rows' h.k and h.q with a full butterfly and updates the state before
+    the next token. ``staged``: the CTA stages the normalised q, k and the gates of all T tokens in
+    shared memory once; every dot product is taken against the initial state and reduced with a
+    reduce-scatter (each lane ends up owning whole rows), the lane solves its rows' T deltas in
+    closed form, and the state is updated once (or once per token when per-token states are
+    cached). Fewer shuffles and no per-token dependency chain, for a few barriers.
     """
 
     layout: Layout
@@ -80,6 +90,10 @@ class Variant(_Strict):
     vec: int = Field(gt=0)
     threads_per_group: Literal[8, 16, 32]
     packed_fma: bool = False
+    solve: Solve = "stepwise"
+    #: staged solve only: a group walks its rows in this many passes of ``ilp`` rows, so a CTA
+    #: covers more rows (one staging, fewer CTAs) without holding more registers
+    row_passes: int = Field(default=1, ge=1, le=8)
 
     # -- derived numbers (the templates read these; they never compute them) --------------------
 
@@ -108,7 +122,7 @@ class Variant(_Strict):
 
     @property
     def groups(self) -> int:
-        return self.tile_v // self.ilp
+        return self.tile_v // (self.ilp * self.row_passes)
 
     @property
     def threads(self) -> int:
@@ -129,6 +143,82 @@ class Variant(_Strict):
         depth = int(math.log2(self.threads_per_group))
         return tuple(self.lane_stride << s for s in reversed(range(depth)))
 
+    # -- the staged solve's reduce-scatter (group-lane bits; offsets are in warp lanes) ----------
+
+    @property
+    def dot_values(self) -> int:
+        """Values a lane reduces per token: h.k for its ilp rows, then h.q for them."""
+        return 2 * self.ilp
+
+    @property
+    def scatter_levels(self) -> tuple[tuple[int, int, int], ...]:
+        """(xor offset, group-lane mask, half) per reduce-scatter round, largest mask first.
+
+        In a round, the lanes whose ``mask`` bit is clear keep the lower ``half`` of their values
+        and send the upper half to the partner, which keeps the upper half: one shuffle per kept
+        value instead of one per value. The first round splits h.k from h.q.
+        """
+        depth = int(math.log2(self.threads_per_group))
+        rounds = min(depth, int(math.log2(self.dot_values)))
+        return tuple(
+            (
+                self.lane_stride * (self.threads_per_group >> (r + 1)),
+                self.threads_per_group >> (r + 1),
+                self.dot_values >> (r + 1),
+            )
+            for r in range(rounds)
+        )
+
+    @property
+    def scatter_rest_offsets(self) -> tuple[int, ...]:
+        """Plain butterfly offsets left once every value has one owner lane pair per round."""
+        depth = int(math.log2(self.threads_per_group))
+        done = len(self.scatter_levels)
+        return tuple(self.lane_stride * (self.threads_per_group >> (r + 1)) for r in range(done, depth))
+
+    @property
+    def rows_held(self) -> int:
+        """Consecutive rows whose reduced dots one lane holds after the reduce-scatter."""
+        return self.dot_values >> len(self.scatter_levels)
+
+    @property
+    def row_bits(self) -> tuple[tuple[int, int], ...]:
+        """(group-lane mask, rows) pairs: a lane's first held row is the sum of ``rows`` over the
+        masks its lane index has set (every scatter round after the h.k / h.q split)."""
+        return tuple((mask, half) for _, mask, half in self.scatter_levels[1:])
+
+    @property
+    def query_mask(self) -> int:
+        """Group-lane bit that is set on the lanes holding h.q (clear: h.k) after the scatter."""
+        return self.scatter_levels[0][1]
+
+    @property
+    def query_offset(self) -> int:
+        """XOR offset (warp lanes) between the h.k and the h.q lane of the same rows."""
+        return self.scatter_levels[0][0]
+
+    @property
+    def writer_mask(self) -> int:
+        """Group-lane bits that are clear on the one lane that writes a row's output."""
+        depth = int(math.log2(self.threads_per_group))
+        done = len(self.scatter_levels)
+        rest = sum(self.threads_per_group >> (r + 1) for r in range(done, depth))
+        return self.query_mask | rest
+
+    @property
+    def warps(self) -> int:
+        return self.threads // WARP
+
+    @property
+    def k_per_warp_lane(self) -> int:
+        """K elements of a token's q or k that one lane of a warp stages (staged solve)."""
+        return self.head_k_dim // WARP
+
+    @property
+    def warp_butterfly_offsets(self) -> tuple[int, ...]:
+        """XOR offsets of a whole-warp butterfly, largest first."""
+        return tuple(WARP >> (s + 1) for s in range(int(math.log2(WARP))))
+
     @property
     def state_regs(self) -> int:
         """fp32 registers a lane spends on its state tile."""
@@ -146,6 +236,10 @@ class Variant(_Strict):
         ]
         if self.packed_fma:
             parts.append("pfma")
+        if self.row_passes > 1:
+            parts.append(f"passes{self.row_passes}")
+        if self.solve != "stepwise":
+            parts.append(self.solve)
         parts.append(sm.removesuffix("a").replace("_", ""))
         return "_".join(parts)
 
@@ -166,10 +260,17 @@ class Variant(_Strict):
                 f"threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
                 f"got {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
             )
-        if self.tile_v % self.ilp:
+        if self.row_passes & (self.row_passes - 1):
+            raise ValueError(f"row_passes must be a power of two; got {self.row_passes}")
+        if self.row_passes > 1 and self.solve != "staged":
             raise ValueError(
-                f"tile_v must be a multiple of ilp (each group owns ilp rows); "
-                f"got tile_v={self.tile_v}, ilp={self.ilp}"
+                f"row_passes={self.row_passes} needs solve: staged (a stepwise kernel keeps its "
+                f"rows for all tokens in one pass)"
+            )
+        if self.tile_v % (self.ilp * self.row_passes):
+            raise ValueError(
+                f"tile_v must be a multiple of ilp * row_passes (each group owns ilp rows per "
+                f"pass); got tile_v={self.tile_v}, ilp={self.ilp}, row_passes={self.row_passes}"
             )
         if self.threads % WARP:
             raise ValueError(

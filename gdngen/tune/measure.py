@@ -23,7 +23,7 @@ from gdngen.bench.timing import copy_bandwidth, rotating_sets, time_calls
 from gdngen.problem import Problem, state_of
 from gdngen.spec.model import Spec
 
-from .tuning_file import Cell, TuningFile, variants_sha256
+from .tuning_file import Cell, TuningFile, pair_key, pair_sha256, stale_pairs
 
 #: a variant whose check error exceeds this is a bug, not a tuning result
 CHECK_TOL = 5e-3
@@ -53,12 +53,22 @@ def time_variants(
     return times
 
 
-def shortlist(cells: list[Cell], factor: float) -> list[str]:
-    """Variants within ``factor`` of the best in at least one of ``cells``."""
+def shortlist(cells: list[Cell], factor: float, family: dict[str, str] | None = None) -> list[str]:
+    """Variants within ``factor`` of the best of their family in at least one of ``cells``.
+
+    ``family`` maps a variant to its solve (stepwise, staged): a staged kernel pays for its
+    barriers at T = 1 and wins at T > 1, so each family is ranked against itself.
+    """
+    family = family or {}
     keep = set()
     for cell in cells:
-        best = min(cell.times_us.values())
-        keep |= {name for name, us in cell.times_us.items() if us <= best * factor}
+        best: dict[str, float] = {}
+        for name, us in cell.times_us.items():
+            kind = family.get(name, "")
+            best[kind] = min(us, best.get(kind, us))
+        keep |= {
+            name for name, us in cell.times_us.items() if us <= best[family.get(name, "")] * factor
+        }
     return sorted(keep)
 
 
@@ -82,7 +92,9 @@ def tune(
     geometry_by_heads = {g.HV: g for g in spec.geometries}
     cells: list[Cell] = []
     started = time.time()
-    for layout, state_dtype in pairs or spec.served:
+    families = {name: v.solve for name, v in spec.variants_by_name.items()}
+    measured_pairs = list(pairs or spec.served)
+    for layout, state_dtype in measured_pairs:
         candidates = sorted(
             name
             for name, v in spec.variants_by_name.items()
@@ -94,7 +106,7 @@ def tune(
                 if mode == "verify" and T == 1:
                     continue
                 names = (
-                    shortlist(first_cells, grid.multi_token_shortlist)
+                    shortlist(first_cells, grid.multi_token_shortlist, families)
                     if T > 1 and first_cells
                     else candidates
                 )
@@ -129,21 +141,39 @@ def tune(
         gpu=gpu,
         date=datetime.date.today().isoformat(),
         command="gdngen " + shlex.join(argv),
-        variants_sha256=variants_sha256(spec),
+        variants_sha256={pair_key(*pair): pair_sha256(spec, *pair) for pair in measured_pairs},
         copy_bw_tbps=round(copy_bw / 1e12, 3),
         versions={k: v for k, v in meta["versions"].items()},
         cells=cells,
     )
 
 
-def merge(old: TuningFile | None, new: TuningFile) -> TuningFile:
-    """``new`` with the cells of ``old`` that it did not re-measure (same GPU and variants)."""
-    if old is None or old.variants_sha256 != new.variants_sha256 or old.gpu != new.gpu:
+def merge(old: TuningFile | None, new: TuningFile, spec: Spec) -> TuningFile:
+    """``new`` plus the cells of ``old`` that it did not re-measure and that still hold.
+
+    A cell of ``old`` still holds when it was measured on the same GPU and its pair's variants
+    are unchanged in ``spec`` (same :func:`pair_sha256`); cells of stale pairs are dropped, as
+    ``gdngen emit`` would refuse them. ``new`` may re-measure only some cells of a pair (e.g.
+    one token count); the pair's other cells are kept if the pair is still fresh.
+    """
+    if old is None or old.gpu != new.gpu:
         return new
-    key = lambda c: (c.layout, c.state_dtype, c.tokens, c.mode, c.HV, c.batch)  # noqa: E731
-    fresh = {key(c) for c in new.cells}
-    kept = [c for c in old.cells if key(c) not in fresh]
-    return new.model_copy(update={"cells": kept + list(new.cells)})
+    stale = stale_pairs(old, spec)
+    remeasured = {_cell_key(c) for c in new.cells}
+    kept = [
+        c
+        for c in old.cells
+        if pair_key(c.layout, c.state_dtype) not in stale and _cell_key(c) not in remeasured
+    ]
+    kept_pairs = {pair_key(c.layout, c.state_dtype) for c in kept}
+    hashes = {key: sha for key, sha in old.variants_sha256.items() if key in kept_pairs}
+    hashes.update(new.variants_sha256)
+    return new.model_copy(update={"cells": kept + list(new.cells), "variants_sha256": hashes})
+
+
+def _cell_key(cell: Cell) -> tuple:
+    """What identifies a cell of the grid: a re-measured cell replaces the old one."""
+    return (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV, cell.batch)
 
 
 def write(path: Path, tuning: TuningFile) -> None:

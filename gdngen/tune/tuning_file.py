@@ -51,40 +51,78 @@ class TuningFile(_Strict):
     gpu: str
     date: str
     command: str
-    variants_sha256: str
+    #: "layout/state_dtype" -> :func:`pair_sha256` of that pair when its cells were measured
+    variants_sha256: dict[str, str]
     copy_bw_tbps: float
     versions: dict[str, str | None] = {}
     cells: list[Cell]
 
 
-def variants_sha256(spec: Spec) -> str:
-    """What a tuning file's timings depend on in the spec: the target, SM and variant knobs."""
-    payload = {
-        "target": spec.target,
-        "sm": spec.sm,
-        "variants": sorted(
-            (spec.variant_name(v), v.model_dump(mode="json")) for v in spec.variants
-        ),
-    }
+def pair_key(layout: str, state_dtype: str) -> str:
+    """How a (layout, state dtype) pair is named in a tuning file and its messages."""
+    return f"{layout}/{state_dtype}"
+
+
+def pair_sha256(spec: Spec, layout: str, state_dtype: str) -> str:
+    """What the timings of one (layout, dtype) pair depend on: the target, the SM and the knobs of
+    that pair's variants. Hashed per pair so that a variant added to one pair leaves the others'
+    timings valid; knobs at their default value are left out, so that a knob added to the Variant
+    model (which does not change existing kernels' code) invalidates nothing."""
+    variants = sorted(
+        (spec.variant_name(v), v.model_dump(mode="json", exclude_defaults=True))
+        for v in spec.variants
+        if (v.layout, v.state_dtype) == (layout, state_dtype)
+    )
+    payload = {"target": spec.target, "sm": spec.sm, "variants": variants}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def variants_sha256(spec: Spec) -> dict[str, str]:
+    """:func:`pair_sha256` of every (layout, dtype) pair that has variants in ``spec``."""
+    pairs = sorted({(v.layout, v.state_dtype) for v in spec.variants})
+    return {pair_key(*pair): pair_sha256(spec, *pair) for pair in pairs}
+
+
+def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
+    """The pairs with cells in ``tuning`` whose timings no longer hold for ``spec``, each with
+    why: the file records no hash for it, or the spec's variants of that pair changed since."""
+    stale = {}
+    for layout, state_dtype in sorted({(c.layout, c.state_dtype) for c in tuning.cells}):
+        key = pair_key(layout, state_dtype)
+        recorded = tuning.variants_sha256.get(key)
+        current = pair_sha256(spec, layout, state_dtype)
+        if recorded is None:
+            stale[key] = f"{key}: the file records no variants sha256 for this pair"
+        elif recorded != current:
+            stale[key] = (
+                f"{key}: the spec's variants of this pair changed since it was measured "
+                f"(variants sha256 {recorded} in the file, {current} now)"
+            )
+    return stale
 
 
 def default_path(spec_path: Path) -> Path:
     return spec_path.with_name(spec_path.stem + ".tuning.yaml")
 
 
-def load_tuning(path: Path, spec: Spec) -> TuningFile:
-    """Read and validate a tuning file against ``spec``; TuningError says what is wrong."""
+def read_tuning(path: Path) -> TuningFile:
+    """Parse a tuning file without checking it against a spec: ``gdngen tune --merge`` keeps the
+    pairs that are still fresh from a file that :func:`load_tuning` would refuse as a whole."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise TuningError(f"{path}: cannot read tuning file: {exc}") from None
     try:
-        tuning = TuningFile.model_validate(data)
+        return TuningFile.model_validate(data)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise TuningError(f"{path}: invalid tuning file: {where}: {first['msg']}") from None
+
+
+def load_tuning(path: Path, spec: Spec) -> TuningFile:
+    """Read and validate a tuning file against ``spec``; TuningError says what is wrong."""
+    tuning = read_tuning(path)
     problems = []
     if tuning.target != spec.target or tuning.sm != spec.sm:
         problems.append(
@@ -97,23 +135,35 @@ def load_tuning(path: Path, spec: Spec) -> TuningFile:
     unknown = sorted({name for cell in tuning.cells for name in cell.times_us} - known)
     if unknown:
         problems.append(f"names variants the spec does not have: {', '.join(unknown)}")
-    if tuning.variants_sha256 != variants_sha256(spec):
-        problems.append(
-            "the spec's variants changed since it was measured "
-            f"(variants sha256 {tuning.variants_sha256} in the file, {variants_sha256(spec)} now)"
-        )
+    problems.extend(stale_pairs(tuning, spec).values())
     for cell in tuning.cells:
         for name in cell.times_us:
             variant = spec.variants_by_name.get(name)
             if variant and (variant.layout, variant.state_dtype) != (cell.layout, cell.state_dtype):
-                problems.append(f"cell {cell.layout}/{cell.state_dtype} lists {name}, a kernel for another layout/dtype")
+                problems.append(
+                    f"cell {cell.layout}/{cell.state_dtype} lists {name}, a kernel for another layout/dtype"
+                )
     if problems:
         raise TuningError(
-            f"{path}: stale or mismatched tuning data:\n  - " + "\n  - ".join(problems)
+            f"{path}: stale or mismatched tuning data:\n  - "
+            + "\n  - ".join(problems)
             + f"\nRe-measure on the GPU with `gdngen tune <spec>`, or delete {path.name} to use "
             "the spec's static dispatch rules."
         )
     return tuning
+
+
+#: the fields written above the cells, in this order
+_HEADER_FIELDS = (
+    "target",
+    "sm",
+    "gpu",
+    "date",
+    "command",
+    "variants_sha256",
+    "copy_bw_tbps",
+    "versions",
+)
 
 
 def dump_tuning(tuning: TuningFile) -> str:
@@ -123,7 +173,8 @@ def dump_tuning(tuning: TuningFile) -> str:
         data.pop("cells"),
         key=lambda c: (c["layout"], c["state_dtype"], c["mode"], c["tokens"], c["HV"], c["batch"]),
     )
-    header = {k: data[k] for k in ("target", "sm", "gpu", "date", "command", "variants_sha256", "copy_bw_tbps", "versions")}
+    data["variants_sha256"] = dict(sorted(data["variants_sha256"].items()))
+    header = {field: data[field] for field in _HEADER_FIELDS}
     lines = [
         f"# Measured by `{tuning.command}`; do not edit by hand.",
         "# `gdngen emit` turns these timings (microseconds per call) into dispatch rows.",
@@ -164,18 +215,28 @@ def tuned_rows(tuning: TuningFile, spec: Spec, tuning_name: str) -> list[dict]:
     rows = []
     for layout, state_dtype in spec.served:
         for mode in ("update", "verify"):
-            measured_tokens = sorted(t for (l, d, m, t) in groups if (l, d, m) == (layout, state_dtype, mode))
+            measured_tokens = sorted(
+                t for (l, d, m, t) in groups if (l, d, m) == (layout, state_dtype, mode)
+            )
             if mode == "verify" and not measured_tokens:
                 continue
             for index, tokens in enumerate(measured_tokens):
                 lo_t = 1 if index == 0 else tokens
-                hi_t = measured_tokens[index + 1] - 1 if index + 1 < len(measured_tokens) else spec.features.max_tokens
+                hi_t = (
+                    measured_tokens[index + 1] - 1
+                    if index + 1 < len(measured_tokens)
+                    else spec.features.max_tokens
+                )
                 if mode == "verify" and index == 0:
                     lo_t = 1
                 points = _winners(groups[(layout, state_dtype, mode, tokens)])
                 merged: list[list] = []  # [lo, hi, variant, evidence]
                 for position, (batch_heads, best, best_us, second_us, second) in enumerate(points):
-                    lo = 1 if position == 0 else math.isqrt(points[position - 1][0] * batch_heads) + 1
+                    lo = (
+                        1
+                        if position == 0
+                        else math.isqrt(points[position - 1][0] * batch_heads) + 1
+                    )
                     evidence = f"B*HV={batch_heads}: {best_us:.2f} us" + (
                         f" (next {second} {second_us:.2f} us)" if second else ""
                     )
@@ -192,11 +253,22 @@ def tuned_rows(tuning: TuningFile, spec: Spec, tuning_name: str) -> list[dict]:
                             "state_dtype": state_dtype,
                             "tokens": (lo_t, hi_t),
                             "batch_heads": (lo, hi),
-                            "intermediate": "yes" if mode == "verify" else ("no" if any(
-                                m == "verify" for (l, d, m, t) in groups if (l, d) == (layout, state_dtype)
-                            ) else "any"),
+                            "intermediate": (
+                                "yes"
+                                if mode == "verify"
+                                else (
+                                    "no"
+                                    if any(
+                                        m == "verify"
+                                        for (l, d, m, t) in groups
+                                        if (l, d) == (layout, state_dtype)
+                                    )
+                                    else "any"
+                                )
+                            ),
                             "variant": variant,
-                            "source": f"tuned {tuning_name} T={tokens} {mode}: " + "; ".join(evidence),
+                            "source": f"tuned {tuning_name} T={tokens} {mode}: "
+                            + "; ".join(evidence),
                         }
                     )
     return rows

@@ -8,7 +8,7 @@
 
 `gdn_decode` checks its inputs, picks a variant from `dispatch.TABLE`, compiles it once per
 compile-time input (cached) and launches it on the current stream. `variant(name)` gives one
-variant's call without dispatch. Spec sha256: 467a9f01c1da14970002c6b87b3a8e1277d2ca8d2a0992fa605972513eaf3b46.
+variant's call without dispatch. Spec sha256: 60bf6d401ca307d7c1dfd1adc36e7faa8695355f9a4340d9833798c699fc0323.
 """
 
 from gdngen.runtime.target import Geometry, Target, TargetInfo
