@@ -138,10 +138,15 @@ class Variant(_Strict):
         return 1 if self.layout == "k_last" else WARP // self.threads_per_group
 
     @property
+    def group_masks(self) -> tuple[int, ...]:
+        """The group-lane bits, largest first: one butterfly or scatter round each."""
+        depth = int(math.log2(self.threads_per_group))
+        return tuple(1 << s for s in reversed(range(depth)))
+
+    @property
     def butterfly_offsets(self) -> tuple[int, ...]:
         """XOR lane offsets of the group reduction, largest first."""
-        depth = int(math.log2(self.threads_per_group))
-        return tuple(self.lane_stride << s for s in reversed(range(depth)))
+        return tuple(self.lane_stride * mask for mask in self.group_masks)
 
     # -- the staged solve's reduce-scatter (group-lane bits; offsets are in warp lanes) ----------
 
@@ -158,23 +163,21 @@ class Variant(_Strict):
         and send the upper half to the partner, which keeps the upper half: one shuffle per kept
         value instead of one per value. The first round splits h.k from h.q.
         """
-        depth = int(math.log2(self.threads_per_group))
-        rounds = min(depth, int(math.log2(self.dot_values)))
+        rounds = min(len(self.group_masks), int(math.log2(self.dot_values)))
         return tuple(
-            (
-                self.lane_stride * (self.threads_per_group >> (r + 1)),
-                self.threads_per_group >> (r + 1),
-                self.dot_values >> (r + 1),
-            )
-            for r in range(rounds)
+            (self.lane_stride * mask, mask, self.dot_values >> (r + 1))
+            for r, mask in enumerate(self.group_masks[:rounds])
         )
+
+    @property
+    def _rest_masks(self) -> tuple[int, ...]:
+        """Group-lane bits left to a plain butterfly after the scatter rounds."""
+        return self.group_masks[len(self.scatter_levels) :]
 
     @property
     def scatter_rest_offsets(self) -> tuple[int, ...]:
         """Plain butterfly offsets left once every value has one owner lane pair per round."""
-        depth = int(math.log2(self.threads_per_group))
-        done = len(self.scatter_levels)
-        return tuple(self.lane_stride * (self.threads_per_group >> (r + 1)) for r in range(done, depth))
+        return tuple(self.lane_stride * mask for mask in self._rest_masks)
 
     @property
     def rows_held(self) -> int:
@@ -200,10 +203,7 @@ class Variant(_Strict):
     @property
     def writer_mask(self) -> int:
         """Group-lane bits that are clear on the one lane that writes a row's output."""
-        depth = int(math.log2(self.threads_per_group))
-        done = len(self.scatter_levels)
-        rest = sum(self.threads_per_group >> (r + 1) for r in range(done, depth))
-        return self.query_mask | rest
+        return self.query_mask | sum(self._rest_masks)
 
     @property
     def warps(self) -> int:
@@ -246,10 +246,14 @@ class Variant(_Strict):
     @model_validator(mode="after")
     def _knobs_fit(self) -> "Variant":
         if self.ilp & (self.ilp - 1) or self.vec & (self.vec - 1):
-            raise ValueError(f"ilp and vec must be powers of two; got ilp={self.ilp}, vec={self.vec}")
+            raise ValueError(
+                f"ilp and vec must be powers of two; got ilp={self.ilp}, vec={self.vec}"
+            )
         if self.load_bytes not in LOAD_BYTES:
-            along = "vec (K-last loads vec elements of a row)" if self.layout == "k_last" else (
-                "ilp (V-last loads ilp consecutive rows of a column)"
+            along = (
+                "vec (K-last loads vec elements of a row)"
+                if self.layout == "k_last"
+                else ("ilp (V-last loads ilp consecutive rows of a column)")
             )
             raise ValueError(
                 f"one state load must be {' or '.join(map(str, LOAD_BYTES))} bytes; "
@@ -345,7 +349,9 @@ class Tuning(_Strict):
     the measured (layout, state dtype) pairs get dispatch rows chosen by the timings.
     """
 
-    gpu: str = Field(min_length=1, description="substring of the GPU name the timings must come from")
+    gpu: str = Field(
+        min_length=1, description="substring of the GPU name the timings must come from"
+    )
     tokens: tuple[int, ...] = (1, 2, 4, 8)
     batch: tuple[int, ...] = (1, 4, 16, 64, 256, 512)
     heads: tuple[int, ...] = (32, 64)
@@ -395,7 +401,11 @@ class Spec(_Strict):
                     f"variants[{index}] ({names[index]}): packed_fma needs "
                     f"{' or '.join(PACKED_FMA_TARGETS)}; this spec targets {self.sm}"
                 )
-            served = [g for g in self.geometries if g.K == variant.head_k_dim and g.V % variant.tile_v == 0]
+            served = [
+                g
+                for g in self.geometries
+                if g.K == variant.head_k_dim and g.V % variant.tile_v == 0
+            ]
             if not served:
                 raise ValueError(
                     f"variants[{index}] ({names[index]}): serves K={variant.head_k_dim} with "
@@ -440,7 +450,9 @@ class Spec(_Strict):
             heads = {g.HV for g in self.geometries}
             unknown = [hv for hv in self.tuning.heads if hv not in heads]
             if unknown:
-                raise ValueError(f"tuning.heads: {unknown} are not the HV of any geometry ({sorted(heads)})")
+                raise ValueError(
+                    f"tuning.heads: {unknown} are not the HV of any geometry ({sorted(heads)})"
+                )
         gap = self.dispatch_gap()
         if gap:
             raise ValueError(f"dispatch: {gap}")
@@ -455,9 +467,11 @@ class Spec(_Strict):
         """The first call shape that no rule serves, described; None when the rules cover every
         T up to max_tokens and every batch*heads, with and without intermediate states."""
         rules = self.dispatch if rules is None else rules
-        starts = sorted({1} | {r.batch_heads.lo for r in rules} | {
-            r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None
-        })
+        starts = sorted(
+            {1}
+            | {r.batch_heads.lo for r in rules}
+            | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
+        )
         for layout, state_dtype in self.served:
             for tokens in range(1, self.features.max_tokens + 1):
                 for intermediate in ("no", "yes"):
