@@ -176,8 +176,8 @@ INVALID = [
     ),
     (
         "tpg_not_allowed",
-        _set("variants", UNUSED_KL_BF16, threads_per_group=4),
-        ["variants[3].threads_per_group", "8, 16 or 32"],
+        _set("variants", UNUSED_KL_BF16, threads_per_group=64),
+        ["variants[3].threads_per_group", "1, 2, 4, 8, 16 or 32"],
     ),
     (
         "packed_fma_on_sm90a",

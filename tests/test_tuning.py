@@ -11,7 +11,7 @@ import generated.h200 as h200
 from gdngen.emit import Measured, emit, expected_files
 from gdngen.runtime.dispatch import Row, select
 from gdngen.spec import load_spec, parse_spec
-from gdngen.tune.measure import merge, shortlist
+from gdngen.tune.measure import merge, settle, shortlist
 from gdngen.tune.tuning_file import (
     Cell,
     TuningError,
@@ -348,3 +348,23 @@ def test_committed_tuning_matches_the_committed_dispatch():
         assert row.source.startswith("tuned specs/h200.tuning.yaml"), row
         best = min(cell.times_us.values())
         assert cell.times_us[row.variant] <= best * 1.01, (cell, row.variant)
+
+
+def test_settle_confirms_close_contenders_with_their_slower_timing():
+    first = {"steady": 10.0, "lucky": 9.8, "slow": 12.0}
+    second = {"steady": 10.1, "lucky": 10.9, "slow": 99.0}
+    order = []
+
+    def retime(name):
+        order.append(name)
+        return second[name]
+
+    settled = settle(first, retime, factor=1.03)
+    assert order == ["lucky", "steady"]  # the contenders, in the reverse of the first order
+    assert settled == {"steady": 10.1, "lucky": 10.9, "slow": 12.0}
+    assert min(settled, key=settled.get) == "steady"
+
+
+def test_settle_leaves_a_lone_contender_alone():
+    first = {"fast": 5.0, "slow": 9.0}
+    assert settle(first, lambda name: pytest.fail(f"re-timed {name}"), factor=1.03) == first

@@ -34,10 +34,14 @@ class VariantView:
     ilp: int
     vec: int
     threads_per_group: int
+    k_splits: int
     packed_fma: bool
     solve: str
     row_passes: int
+    prefetch: bool
     groups: int
+    split_threads: int
+    split_sums: int
     threads: int
     head_k_dim: int
     load_bytes: int
@@ -68,10 +72,14 @@ class VariantView:
             ilp=variant.ilp,
             vec=variant.vec,
             threads_per_group=variant.threads_per_group,
+            k_splits=variant.k_splits,
             packed_fma=variant.packed_fma,
             solve=variant.solve,
             row_passes=variant.row_passes,
+            prefetch=variant.prefetch,
             groups=variant.groups,
+            split_threads=variant.split_threads,
+            split_sums=variant.split_sums,
             threads=variant.threads,
             head_k_dim=variant.head_k_dim,
             load_bytes=variant.load_bytes,
@@ -89,33 +97,43 @@ class VariantView:
             k_per_warp_lane=variant.k_per_warp_lane,
             warp_butterfly_offsets=variant.warp_butterfly_offsets,
             layout_doc=(
-                "K-last [pool, HV, V, K]" if variant.layout == "k_last" else "V-last [pool, HV, K, V]"
+                "K-last [pool, HV, V, K]"
+                if variant.layout == "k_last"
+                else "V-last [pool, HV, K, V]"
             ),
-            summary=(
-                f"Each CTA owns {variant.tile_v} rows of one (batch, value head) state: "
-                f"{variant.groups} groups of {variant.threads_per_group} lanes "
-                f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
-                f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T "
-                f"tokens"
-                + (
-                    f", {variant.row_passes} tiles one after the other,"
-                    if variant.row_passes > 1
-                    else ","
-                )
-                + f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} "
-                f"bytes, and "
-                + (
-                    f"reduces its dot products over the group with a "
-                    f"{len(variant.butterfly_offsets)}-step butterfly, token by token"
-                    if variant.solve == "stepwise"
-                    else f"solves the tokens staged: q, k and the gates of all T tokens are "
-                    f"staged once per CTA in shared memory, every dot product is taken against the "
-                    f"initial state and reduce-scattered so that a lane owns "
-                    f"{variant.rows_held} row(s), and the deltas are solved in closed form"
-                )
-                + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
-            ),
+            summary=_summary(variant),
         )
+
+
+def _summary(variant: Variant) -> str:
+    """The kernel docstring's paragraph on how the variant maps the state onto lanes."""
+    lanes = "lane" if variant.threads_per_group == 1 else "lanes"
+    splits = f" in each of {variant.k_splits} K splits" if variant.k_splits > 1 else ""
+    tiles = ","
+    if variant.row_passes > 1:
+        overlap = " (each loaded while the one before computes)" if variant.prefetch else ""
+        tiles = f", {variant.row_passes} tiles one after the other{overlap},"
+    if variant.solve == "stepwise":
+        steps = len(variant.butterfly_offsets)
+        over = [f"the group with a {steps}-step butterfly"] if steps else []
+        if variant.k_splits > 1:
+            over.append(f"the {variant.k_splits} K splits in shared memory")
+        reduction = f"reduces its dot products over {' and over '.join(over)}, token by token"
+    else:
+        reduction = (
+            f"solves the tokens staged: q, k and the gates of all T tokens are staged once per "
+            f"CTA in shared memory, every dot product is taken against the initial state and "
+            f"reduce-scattered so that a lane owns {variant.rows_held} row(s), and the deltas are "
+            f"solved in closed form"
+        )
+    return (
+        f"Each CTA owns {variant.tile_v} rows of one (batch, value head) state: "
+        f"{variant.groups} groups of {variant.threads_per_group} {lanes}{splits} "
+        f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
+        f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T tokens{tiles}"
+        f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} bytes, and "
+        f"{reduction}" + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
+    )
 
 
 @dataclass(frozen=True)
@@ -236,15 +254,18 @@ def dispatch_rows(spec: Spec, tuning: Measured | None = None) -> list[dict]:
     rows = tuned_rows(tuning.tuning, spec, tuning.name) if tuning else []
     measured = {(row["layout"], row["state_dtype"]) for row in rows}
     if rows:
-        as_rules = [
-            DispatchRule(
+        as_rules = (
+            [
+                DispatchRule(
                 layout=row["layout"], state_dtype=row["state_dtype"],
                 tokens=Range(lo=row["tokens"][0], hi=row["tokens"][1]),
                 batch_heads=Range(lo=row["batch_heads"][0], hi=row["batch_heads"][1]),
                 intermediate=row["intermediate"], use=row["variant"],
             )  # fmt: skip
-            for row in rows
-        ] + [rule for rule in spec.dispatch if (rule.layout, rule.state_dtype) not in measured]
+                for row in rows
+            ]
+            + [rule for rule in spec.dispatch if (rule.layout, rule.state_dtype) not in measured]
+        )
         gap = spec.dispatch_gap(as_rules)
         if gap:
             raise TuningError(f"{tuning.name}: its dispatch rows leave a gap: {gap}")

@@ -26,6 +26,8 @@ HEAD_DIMS = (64, 128, 256)
 LOAD_BYTES = (8, 16)
 WARP = 32
 MAX_THREADS_PER_CTA = 1024
+#: fp32 registers a lane may spend on its state tile
+MAX_STATE_REGS = 128
 #: SM targets that have the packed fp32x2 FMA instruction
 PACKED_FMA_TARGETS = ("sm_100a",)
 #: how a kernel walks the T tokens (see Variant.solve)
@@ -66,9 +68,15 @@ class Variant(_Strict):
     """One point of the knob space: everything that shapes a kernel's code.
 
     A lane holds a register tile of ``ilp`` state rows by ``vec`` consecutive K columns, for the
-    whole call (all T tokens). ``threads_per_group`` lanes cover one row (``K = tpg * vec``) and
-    reduce the row's dot products with a butterfly of ``log2(tpg)`` shuffles. A CTA owns ``tile_v``
-    rows of one (batch, value head) state, so it has ``tile_v / ilp`` groups.
+    whole call (all T tokens). ``threads_per_group`` lanes of a warp cover ``tpg * vec`` columns of
+    a row and reduce the row's dot products with a butterfly of ``log2(tpg)`` shuffles. A CTA owns
+    ``tile_v`` rows of one (batch, value head) state, so it has ``tile_v / ilp`` groups.
+
+    ``k_splits`` splits the K columns further, over that many copies of the group layout in other
+    warps (``K = k_splits * tpg * vec``); their partial sums meet in shared memory, one barrier per
+    token. On a V-last state this is what lets a warp read whole rows: with ``tpg = 1`` the 32
+    lanes of a warp hold 32 neighbouring groups' rows at the same K columns, so one load
+    instruction reads ``32 * ilp`` consecutive elements of one K row.
 
     K-last state: a lane loads ``vec`` contiguous K elements of each of its ``ilp`` rows
     (``ilp`` independent loads of ``vec * S`` bytes). V-last state: a lane loads ``ilp``
@@ -88,12 +96,17 @@ class Variant(_Strict):
     tile_v: int = Field(gt=0)
     ilp: int = Field(gt=0)
     vec: int = Field(gt=0)
-    threads_per_group: Literal[8, 16, 32]
+    threads_per_group: Literal[1, 2, 4, 8, 16, 32]
+    #: copies of the group layout, each on its own slice of the K columns (see above)
+    k_splits: int = Field(default=1, ge=1, le=32)
     packed_fma: bool = False
     solve: Solve = "stepwise"
     #: staged solve only: a group walks its rows in this many passes of ``ilp`` rows, so a CTA
     #: covers more rows (one staging, fewer CTAs) without holding more registers
     row_passes: int = Field(default=1, ge=1, le=8)
+    #: with row passes: load the next pass's tile while this pass computes (a second register
+    #: tile in the state dtype), so a CTA overlaps its own loads with its own arithmetic
+    prefetch: bool = False
 
     # -- derived numbers (the templates read these; they never compute them) --------------------
 
@@ -103,8 +116,8 @@ class Variant(_Strict):
 
     @property
     def head_k_dim(self) -> int:
-        """K this variant serves: one row is split over the group's lanes."""
-        return self.threads_per_group * self.vec
+        """K this variant serves: one row is split over the group's lanes and the K splits."""
+        return self.k_splits * self.threads_per_group * self.vec
 
     @property
     def load_elems(self) -> int:
@@ -125,8 +138,18 @@ class Variant(_Strict):
         return self.tile_v // (self.ilp * self.row_passes)
 
     @property
-    def threads(self) -> int:
+    def split_threads(self) -> int:
+        """Threads of one K split: the groups' lanes on one slice of the K columns."""
         return self.groups * self.threads_per_group
+
+    @property
+    def threads(self) -> int:
+        return self.split_threads * self.k_splits
+
+    @property
+    def split_sums(self) -> int:
+        """Values a group publishes per K split and token: q.q, k.k, q.k, then h.k and h.q per row."""
+        return 3 + 2 * self.ilp
 
     @property
     def lane_stride(self) -> int:
@@ -192,13 +215,15 @@ class Variant(_Strict):
 
     @property
     def query_mask(self) -> int:
-        """Group-lane bit that is set on the lanes holding h.q (clear: h.k) after the scatter."""
-        return self.scatter_levels[0][1]
+        """Group-lane bit that is set on the lanes holding h.q (clear: h.k) after the scatter;
+        0 for a one-lane group, which has nothing to scatter (the staged solve needs tpg >= 8)."""
+        return self.scatter_levels[0][1] if self.scatter_levels else 0
 
     @property
     def query_offset(self) -> int:
-        """XOR offset (warp lanes) between the h.k and the h.q lane of the same rows."""
-        return self.scatter_levels[0][0]
+        """XOR offset (warp lanes) between the h.k and the h.q lane of the same rows (0: see
+        query_mask)."""
+        return self.scatter_levels[0][0] if self.scatter_levels else 0
 
     @property
     def writer_mask(self) -> int:
@@ -234,10 +259,14 @@ class Variant(_Strict):
             f"vec{self.vec}",
             f"tpg{self.threads_per_group}",
         ]
+        if self.k_splits > 1:
+            parts.append(f"ks{self.k_splits}")
         if self.packed_fma:
             parts.append("pfma")
         if self.row_passes > 1:
             parts.append(f"passes{self.row_passes}")
+        if self.prefetch:
+            parts.append("pf")
         if self.solve != "stepwise":
             parts.append(self.solve)
         parts.append(sm.removesuffix("a").replace("_", ""))
@@ -260,9 +289,30 @@ class Variant(_Strict):
                 f"{along} gives {self.load_elems} x {self.state_bytes} B = {self.load_bytes} B"
             )
         if self.head_k_dim not in HEAD_DIMS:
+            if self.k_splits == 1:
+                raise ValueError(
+                    f"threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
+                    f"got {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
+                )
             raise ValueError(
-                f"threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
-                f"got {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
+                f"k_splits * threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
+                f"got {self.k_splits} * {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
+            )
+        if self.state_regs > MAX_STATE_REGS:
+            raise ValueError(
+                f"a lane's state tile is ilp * vec = {self.ilp} * {self.vec} = {self.state_regs} "
+                f"fp32 registers; at most {MAX_STATE_REGS} leave room for the rest of the kernel"
+            )
+        if self.k_splits > 1 and self.solve != "stepwise":
+            raise ValueError(
+                f"k_splits={self.k_splits} needs solve: stepwise (the staged solve reduce-scatters "
+                f"within one warp)"
+            )
+        if self.k_splits > 1 and self.split_threads % WARP:
+            raise ValueError(
+                f"each K split must be whole warps: tile_v / ilp * threads_per_group = "
+                f"{self.tile_v} / {self.ilp} * {self.threads_per_group} = {self.split_threads} "
+                f"threads per split"
             )
         if self.row_passes & (self.row_passes - 1):
             raise ValueError(f"row_passes must be a power of two; got {self.row_passes}")
@@ -270,6 +320,11 @@ class Variant(_Strict):
             raise ValueError(
                 f"row_passes={self.row_passes} needs solve: staged (a stepwise kernel keeps its "
                 f"rows for all tokens in one pass)"
+            )
+        if self.prefetch and self.row_passes == 1:
+            raise ValueError(
+                "prefetch loads the next row pass's tile, so it needs row_passes > 1 (and with "
+                "it solve: staged)"
             )
         if self.tile_v % (self.ilp * self.row_passes):
             raise ValueError(
@@ -280,6 +335,11 @@ class Variant(_Strict):
             raise ValueError(
                 f"a CTA must be whole warps: tile_v / ilp * threads_per_group = "
                 f"{self.tile_v} / {self.ilp} * {self.threads_per_group} = {self.threads} threads"
+            )
+        if self.solve == "staged" and self.threads_per_group < 8:
+            raise ValueError(
+                f"solve: staged needs threads_per_group >= 8 (its reduce-scatter is built and "
+                f"tested for groups of 8, 16 or 32 lanes); got {self.threads_per_group}"
             )
         if self.threads > MAX_THREADS_PER_CTA:
             raise ValueError(f"{self.threads} threads per CTA exceeds {MAX_THREADS_PER_CTA}")
