@@ -8,13 +8,15 @@ shared-memory sums add up to the whole row's dot products.
 """
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from gdngen.spec import load_spec
 from gdngen.spec.model import Variant
 
-SPEC_SPLIT_VARIANTS = [v for v in load_spec("specs/h200.yaml").variants if v.k_splits > 1]
+H200_SPEC = Path(__file__).resolve().parent.parent / "specs" / "h200.yaml"
+SPEC_SPLIT_VARIANTS = [v for v in load_spec(H200_SPEC).variants if v.k_splits > 1]
 
 
 def _thread_tile(variant: Variant, tidx: int) -> tuple[int, int, int, int]:

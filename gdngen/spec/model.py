@@ -282,18 +282,13 @@ class Variant(_Strict):
             along = (
                 "vec (K-last loads vec elements of a row)"
                 if self.layout == "k_last"
-                else ("ilp (V-last loads ilp consecutive rows of a column)")
+                else "ilp (V-last loads ilp consecutive rows of a column)"
             )
             raise ValueError(
                 f"one state load must be {' or '.join(map(str, LOAD_BYTES))} bytes; "
                 f"{along} gives {self.load_elems} x {self.state_bytes} B = {self.load_bytes} B"
             )
         if self.head_k_dim not in HEAD_DIMS:
-            if self.k_splits == 1:
-                raise ValueError(
-                    f"threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
-                    f"got {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
-                )
             raise ValueError(
                 f"k_splits * threads_per_group * vec must be a head dimension K in {HEAD_DIMS}; "
                 f"got {self.k_splits} * {self.threads_per_group} * {self.vec} = {self.head_k_dim}"
