@@ -82,6 +82,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if spec.tuning is None:
+        print(
+            f"gdngen tune: {spec_path} has no `tuning:` section (the grid to measure)",
+            file=sys.stderr,
+        )
+        return 2
     out = Path(args.out) if args.out else default_path(spec_path)
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
@@ -96,16 +102,24 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         else:
             for reason in stale_pairs(old, spec).values():
                 print(f"gdngen tune: dropping stale cells of {reason}", file=sys.stderr)
-    # One pair at a time, written as it completes: a long run that is cut off keeps its cells.
+    # One pair and token count at a time, each written as it completes: a long run that is cut
+    # off keeps what it measured, and T > 1 shortlists from the T = 1 cells already written.
     for pair in pairs or list(spec.served):
-        try:
-            measured = tune(spec, sys.argv[1:], pairs=[pair], tokens=tokens, replays=args.replays)
-        except TuneError as exc:
-            print(f"gdngen tune: {exc}", file=sys.stderr)
-            return 1
-        old = merge(old, measured, spec)
-        write(out, old)
-        print(f"wrote {out}: {'/'.join(pair)} measured ({len(measured.cells)} cells)", flush=True)
+        for T in sorted(tokens or spec.tuning.tokens):
+            try:
+                measured = tune(
+                    spec, sys.argv[1:], pairs=[pair], tokens=(T,), replays=args.replays,
+                    earlier=old,
+                )  # fmt: skip
+            except TuneError as exc:
+                print(f"gdngen tune: {exc}", file=sys.stderr)
+                return 1
+            old = merge(old, measured, spec)
+            write(out, old)
+            print(
+                f"wrote {out}: {'/'.join(pair)} T={T} measured ({len(measured.cells)} cells)",
+                flush=True,
+            )
     print(f"now run: gdngen emit {spec_path}")
     return 0
 

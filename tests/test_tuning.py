@@ -11,7 +11,7 @@ import generated.h200 as h200
 from gdngen.emit import Measured, emit, expected_files
 from gdngen.runtime.dispatch import Row, select
 from gdngen.spec import load_spec, parse_spec
-from gdngen.tune.measure import merge, settle, shortlist
+from gdngen.tune.measure import earlier_first_token_cells, merge, settle, shortlist
 from gdngen.tune.tuning_file import (
     Cell,
     TuningError,
@@ -298,6 +298,23 @@ def test_merge_keeps_nothing_measured_on_another_gpu(spec):
     old = _tuning(spec, gpu="NVIDIA H100 PCIe")
     new = _tuning(spec, cells=[old.cells[0]])
     assert merge(old, new, spec) == new
+
+
+def test_a_run_without_t1_shortlists_from_the_earlier_t1_cells_that_still_hold(spec):
+    gpu = "NVIDIA H100 80GB HBM3"
+    fp32_cell = Cell(
+        layout="k_last", state_dtype="fp32", tokens=1, mode="update", HV=32, batch=1,
+        times_us={FP32_V: 4.0},
+    )  # fmt: skip
+    earlier = _tuning(spec, cells=_cells() + [fp32_cell])
+    first = [c for c in earlier.cells if c.tokens == 1]
+    assert len(first) == 5 and sorted(earlier_first_token_cells(earlier, spec, gpu), key=repr) == (
+        sorted(first, key=repr)
+    )
+    # bf16 gained a variant since: only the fp32 cell still holds.
+    assert earlier_first_token_cells(earlier, _with_variant(BF16_EXTRA), gpu) == [fp32_cell]
+    assert earlier_first_token_cells(earlier, spec, "NVIDIA H200") == []
+    assert earlier_first_token_cells(None, spec, gpu) == []
 
 
 def test_dump_lists_the_pair_hashes_sorted(spec):

@@ -8,6 +8,7 @@ reported as the median over replays of (replay time / calls per replay).
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable
 
 import torch
@@ -51,8 +52,14 @@ def rotating_sets(set_bytes: int, *, minimum: int = 2, maximum: int = 256) -> in
     return max(minimum, min(maximum, need))
 
 
+#: graph replays before timing run for at least this long: after a compile the GPU has idled
+#: and its clocks need tens of milliseconds to come back, longer than a few replays of a small cell
+WARMUP_SECONDS = 0.25
+
+
 def time_calls(calls: list[Callable[[], None]], *, replays: int = 25, warmup: int = 3) -> float:
-    """Microseconds per call: median over graph replays of one pass over ``calls``."""
+    """Microseconds per call: median over graph replays of one pass over ``calls``, after at
+    least ``warmup`` replays and WARMUP_SECONDS of them."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -64,9 +71,12 @@ def time_calls(calls: list[Callable[[], None]], *, replays: int = 25, warmup: in
     with torch.cuda.graph(graph):
         for call in calls:
             call()
-    for _ in range(warmup):
+    started = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - started < WARMUP_SECONDS:
         graph.replay()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        done += 1
     ms = _median_event_ms(graph.replay, replays)
     del graph
     return ms * 1e3 / len(calls)

@@ -39,6 +39,9 @@ class VariantView:
     solve: str
     row_passes: int
     prefetch: bool
+    unroll_passes: bool
+    min_ctas_per_sm: int
+    register_cap: int | None
     groups: int
     split_threads: int
     split_sums: int
@@ -77,6 +80,9 @@ class VariantView:
             solve=variant.solve,
             row_passes=variant.row_passes,
             prefetch=variant.prefetch,
+            unroll_passes=variant.unroll_passes,
+            min_ctas_per_sm=variant.min_ctas_per_sm,
+            register_cap=variant.register_cap,
             groups=variant.groups,
             split_threads=variant.split_threads,
             split_sums=variant.split_sums,
@@ -112,7 +118,8 @@ def _summary(variant: Variant) -> str:
     tiles = ","
     if variant.row_passes > 1:
         overlap = " (each loaded while the one before computes)" if variant.prefetch else ""
-        tiles = f", {variant.row_passes} tiles one after the other{overlap},"
+        unrolled = " in an unrolled loop" if variant.unroll_passes else ""
+        tiles = f", {variant.row_passes} tiles one after the other{unrolled}{overlap},"
     if variant.solve == "stepwise":
         steps = len(variant.butterfly_offsets)
         over = [f"the group with a {steps}-step butterfly"] if steps else []
@@ -132,7 +139,14 @@ def _summary(variant: Variant) -> str:
         f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
         f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T tokens{tiles}"
         f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} bytes, and "
-        f"{reduction}" + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
+        f"{reduction}"
+        + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
+        + (
+            f" Launch bounds fit {variant.min_ctas_per_sm} CTAs on an SM (at most "
+            f"{variant.register_cap} registers a thread)."
+            if variant.min_ctas_per_sm
+            else ""
+        )
     )
 
 

@@ -32,6 +32,10 @@ MAX_STATE_REGS = 128
 PACKED_FMA_TARGETS = ("sm_100a",)
 #: how a kernel walks the T tokens (see Variant.solve)
 Solve = Literal["stepwise", "staged"]
+#: registers of one SM (sm_90a and sm_100a), shared by the threads of its resident CTAs
+SM_REGISTERS = 65536
+#: threads one SM holds at once
+MAX_THREADS_PER_SM = 2048
 
 
 class _Strict(BaseModel):
@@ -107,6 +111,12 @@ class Variant(_Strict):
     #: with row passes: load the next pass's tile while this pass computes (a second register
     #: tile in the state dtype), so a CTA overlaps its own loads with its own arithmetic
     prefetch: bool = False
+    #: with row passes: unroll the pass loop, so the compiler may schedule a pass's loads into
+    #: the pass before (as registers allow) instead of a rolled loop holding one pass's registers
+    unroll_passes: bool = False
+    #: CTAs the compiler must fit on one SM (launch bounds; 0: no bound): caps the registers of
+    #: a thread at SM_REGISTERS / (min_ctas_per_sm * threads), trading spills for occupancy
+    min_ctas_per_sm: int = Field(default=0, ge=0, le=32)
 
     # -- derived numbers (the templates read these; they never compute them) --------------------
 
@@ -127,6 +137,13 @@ class Variant(_Strict):
     @property
     def load_bytes(self) -> int:
         return self.load_elems * self.state_bytes
+
+    @property
+    def register_cap(self) -> int | None:
+        """Registers a thread may use under min_ctas_per_sm (None: no bound)."""
+        if not self.min_ctas_per_sm:
+            return None
+        return SM_REGISTERS // (self.min_ctas_per_sm * self.threads)
 
     @property
     def loads_per_lane(self) -> int:
@@ -267,6 +284,10 @@ class Variant(_Strict):
             parts.append(f"passes{self.row_passes}")
         if self.prefetch:
             parts.append("pf")
+        if self.unroll_passes:
+            parts.append("unroll")
+        if self.min_ctas_per_sm:
+            parts.append(f"occ{self.min_ctas_per_sm}")
         if self.solve != "stepwise":
             parts.append(self.solve)
         parts.append(sm.removesuffix("a").replace("_", ""))
@@ -321,6 +342,8 @@ class Variant(_Strict):
                 "prefetch loads the next row pass's tile, so it needs row_passes > 1 (and with "
                 "it solve: staged)"
             )
+        if self.unroll_passes and self.row_passes == 1:
+            raise ValueError("unroll_passes unrolls the row-pass loop, so it needs row_passes > 1")
         if self.tile_v % (self.ilp * self.row_passes):
             raise ValueError(
                 f"tile_v must be a multiple of ilp * row_passes (each group owns ilp rows per "
@@ -338,6 +361,17 @@ class Variant(_Strict):
             )
         if self.threads > MAX_THREADS_PER_CTA:
             raise ValueError(f"{self.threads} threads per CTA exceeds {MAX_THREADS_PER_CTA}")
+        if self.min_ctas_per_sm and self.min_ctas_per_sm * self.threads > MAX_THREADS_PER_SM:
+            raise ValueError(
+                f"min_ctas_per_sm={self.min_ctas_per_sm} CTAs of {self.threads} threads exceed the "
+                f"{MAX_THREADS_PER_SM} threads an SM holds"
+            )
+        if self.register_cap is not None and self.register_cap < 2 * self.state_regs:
+            raise ValueError(
+                f"min_ctas_per_sm={self.min_ctas_per_sm} leaves {self.register_cap} registers a "
+                f"thread, under twice its {self.state_regs}-register state tile: it would spill "
+                f"the tile"
+            )
         if self.packed_fma and self.vec % 2:
             raise ValueError("packed_fma pairs K columns, so vec must be even")
         return self

@@ -98,6 +98,18 @@ def shortlist(cells: list[Cell], factor: float, family: dict[str, str] | None = 
     return sorted(keep)
 
 
+def earlier_first_token_cells(earlier: TuningFile | None, spec: Spec, gpu: str) -> list[Cell]:
+    """The T = 1 cells of ``earlier`` (the file a run merges into) that still hold for ``spec`` on
+    this GPU: they shortlist the T > 1 candidates of a run that does not measure T = 1 itself
+    (``--tokens 4,8 --merge`` after ``--tokens 1,2``), as the run's own T = 1 cells would."""
+    if earlier is None or earlier.gpu != gpu:
+        return []
+    stale = stale_pairs(earlier, spec)
+    return [
+        c for c in earlier.cells if c.tokens == 1 and pair_key(c.layout, c.state_dtype) not in stale
+    ]
+
+
 def tune(
     spec: Spec,
     argv: list[str],
@@ -105,6 +117,7 @@ def tune(
     pairs: list[tuple[str, str]] | None = None,
     tokens: tuple[int, ...] | None = None,
     replays: int = 15,
+    earlier: TuningFile | None = None,
     progress: TextIO = sys.stderr,
 ) -> TuningFile:
     if spec.tuning is None:
@@ -120,14 +133,18 @@ def tune(
     started = time.time()
     families = {name: v.solve for name, v in spec.variants_by_name.items()}
     measured_pairs = list(pairs or spec.served)
+    run_tokens = sorted(tokens or grid.tokens)
+    earlier_first = [] if 1 in run_tokens else earlier_first_token_cells(earlier, spec, gpu)
     for layout, state_dtype in measured_pairs:
         candidates = sorted(
             name
             for name, v in spec.variants_by_name.items()
             if (v.layout, v.state_dtype) == (layout, state_dtype)
         )
-        first_cells: list[Cell] = []
-        for T in sorted(tokens or grid.tokens):
+        first_cells = [
+            c for c in earlier_first if (c.layout, c.state_dtype) == (layout, state_dtype)
+        ]
+        for T in run_tokens:
             for mode in grid.modes:
                 if mode == "verify" and T == 1:
                     continue

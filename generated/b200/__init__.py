@@ -8,7 +8,7 @@
 
 `gdn_decode` checks its inputs, picks a variant from `dispatch.TABLE`, compiles it once per
 compile-time input (cached) and launches it on the current stream. `variant(name)` gives one
-variant's call without dispatch. Spec sha256: fc07ffa52522e2f05e3056e209d9743c39e01a153e8e4d2b25a4ae9e55fa014a.
+variant's call without dispatch. Spec sha256: 6b1eceaea30d9abef8525b6f80f571fa174a028cccef05775c3b2cd371b87378.
 """
 
 from gdngen.runtime.target import Geometry, Target, TargetInfo

@@ -1,0 +1,128 @@
+"""The unroll_passes and min_ctas_per_sm knobs, without a GPU: their checks, their names, and
+that each changes only the lines of the emitted kernel it is about."""
+
+import difflib
+
+import pytest
+
+from gdngen.emit.plan import plan_target
+from gdngen.emit.render import render
+from gdngen.spec import parse_spec
+from gdngen.spec.model import Variant
+from tests.spec_helpers import to_yaml
+
+STAGED = dict(
+    layout="k_last", state_dtype="bf16", tile_v=128, ilp=4, row_passes=4, vec=8,
+    threads_per_group=16, solve="staged",
+)  # fmt: skip
+NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_staged_sm90"
+
+
+def _kernel_text(**knobs) -> str:
+    """The emitted module of the STAGED variant with ``knobs`` changed, in a one-variant spec."""
+    variant = {**STAGED, **knobs}
+    name = Variant(**variant).name_for("sm_90a")
+    spec = parse_spec(
+        to_yaml(
+            {
+                "target": "mini",
+                "sm": "sm_90a",
+                "geometries": [{"name": "g", "H": 16, "HV": 32, "K": 128, "V": 128}],
+                "variants": [variant],
+                "dispatch": [
+                    {"layout": "k_last", "state_dtype": "bf16", "tokens": [1, 8],
+                     "batch_heads": [1, None], "use": name},
+                ],
+            }  # fmt: skip
+        ),
+        "specs/mini.yaml",
+    )
+    (planned,) = [
+        p for p in plan_target(spec, "specs/mini.yaml") if p.relpath.endswith(f"{name}.py")
+    ]
+    return render(planned)
+
+
+def _changed_code_lines(before: str, after: str) -> list[str]:
+    """Changed lines below the module docstring (the header hash and the docstring, which names
+    the variant and describes its knobs, change with any knob)."""
+
+    def code(text: str) -> list[str]:
+        return text.split('"""', 2)[2].splitlines()
+
+    return [
+        line
+        for line in difflib.unified_diff(code(before), code(after), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+
+
+def test_names():
+    assert Variant(**STAGED).name_for("sm_90a") == NAME
+    assert (
+        Variant(**STAGED, unroll_passes=True, prefetch=True).name_for("sm_90a")
+        == "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_pf_unroll_staged_sm90"
+    )
+    occupancy = Variant(**STAGED, min_ctas_per_sm=5)
+    assert occupancy.name_for("sm_90a") == "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_occ5_staged_sm90"
+    assert occupancy.register_cap == 65536 // (5 * 128) == 102
+    assert Variant(**STAGED).register_cap is None
+
+
+@pytest.mark.parametrize(
+    "knobs,fragments",
+    [
+        (dict(row_passes=1, tile_v=32, unroll_passes=True), ["unroll_passes", "row_passes > 1"]),
+        (dict(min_ctas_per_sm=17), ["min_ctas_per_sm=17", "128 threads", "2048 threads"]),
+        (
+            dict(min_ctas_per_sm=16),
+            ["min_ctas_per_sm=16", "32 registers", "32-register state tile"],
+        ),
+    ],
+    ids=["unroll_without_passes", "more_threads_than_an_sm", "cap_below_the_state_tile"],
+)
+def test_bad_knobs_are_refused(knobs, fragments):
+    with pytest.raises(ValueError) as caught:
+        Variant(**{**STAGED, **knobs})
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+def test_unroll_passes_changes_only_the_pass_loop():
+    rolled, unrolled = _kernel_text(), _kernel_text(unroll_passes=True)
+    assert "for row_pass in cutlass.range(ROW_PASSES, unroll=1):" in rolled
+    assert "for row_pass in cutlass.range_constexpr(ROW_PASSES):" in unrolled
+    changed = _changed_code_lines(rolled, unrolled)
+    assert sorted(changed) == sorted(
+        [
+            f'-NAME = "{NAME}"',
+            '+NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_unroll_staged_sm90"',
+            '-    "unroll_passes": False,',
+            '+    "unroll_passes": True,',
+            "-    # A loop, not unrolled: a pass holds the registers of ILP rows only.",
+            "-    for row_pass in cutlass.range(ROW_PASSES, unroll=1):",
+            "+    # Unrolled: the compiler may issue a pass's loads during the pass before.",
+            "+    for row_pass in cutlass.range_constexpr(ROW_PASSES):",
+        ]
+    ), changed
+
+
+def test_min_ctas_per_sm_changes_only_the_launch():
+    plain, bounded = _kernel_text(), _kernel_text(min_ctas_per_sm=5)
+    assert "min_blocks_per_mp" not in plain
+    assert "min_blocks_per_mp=5," in bounded
+    assert "at most 102 registers a thread" in bounded
+    changed = _changed_code_lines(plain, bounded)
+    assert changed[:4] == [
+        f'-NAME = "{NAME}"',
+        '+NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_occ5_staged_sm90"',
+        '-    "min_ctas_per_sm": 0,',
+        '+    "min_ctas_per_sm": 5,',
+    ], changed
+    # the rest is the launch call alone
+    launch = bounded[bounded.index("    ).launch(") :]
+    assert all(line[1:] in launch or line[1:] in plain for line in changed[4:]), changed
+    removed = [line for line in changed[4:] if line.startswith("-")]
+    assert removed == [
+        "-        grid=(head_v_dim // TILE_V, num_v_heads, q.shape[0]), block=(THREADS, 1, 1), stream=stream"
+    ], changed
