@@ -25,83 +25,23 @@ KERNEL_TEMPLATES = ("decode.py.j2", "_macros.j2", "_solve_stepwise.j2", "_solve_
 
 @dataclass(frozen=True)
 class VariantView:
-    """A variant as its template sees it: the knobs plus the derived numbers."""
+    """A variant as its template sees it: every knob and derived number of :class:`Variant`
+    (read through, so a new knob or property needs no change here), plus the variant's name and
+    the prose of its docstring."""
 
+    variant: Variant
     name: str
-    layout: str
-    state_dtype: str
-    tile_v: int
-    ilp: int
-    vec: int
-    threads_per_group: int
-    k_splits: int
-    packed_fma: bool
-    solve: str
-    row_passes: int
-    prefetch: bool
-    unroll_passes: bool
-    min_ctas_per_sm: int
-    register_cap: int | None
-    groups: int
-    split_threads: int
-    split_sums: int
-    threads: int
-    head_k_dim: int
-    load_bytes: int
-    loads_per_lane: int
-    lane_stride: int
-    butterfly_offsets: tuple[int, ...]
-    # the staged solve's reduce-scatter and per-CTA staging (Variant's docstrings say what each is)
-    scatter_levels: tuple[tuple[int, int, int], ...]
-    scatter_rest_offsets: tuple[int, ...]
-    rows_held: int
-    row_bits: tuple[tuple[int, int], ...]
-    query_mask: int
-    query_offset: int
-    writer_mask: int
-    warps: int
-    k_per_warp_lane: int
-    warp_butterfly_offsets: tuple[int, ...]
     layout_doc: str
     summary: str
+
+    def __getattr__(self, attr: str):
+        return getattr(self.variant, attr)
 
     @classmethod
     def of(cls, spec: Spec, variant: Variant) -> "VariantView":
         return cls(
+            variant=variant,
             name=spec.variant_name(variant),
-            layout=variant.layout,
-            state_dtype=variant.state_dtype,
-            tile_v=variant.tile_v,
-            ilp=variant.ilp,
-            vec=variant.vec,
-            threads_per_group=variant.threads_per_group,
-            k_splits=variant.k_splits,
-            packed_fma=variant.packed_fma,
-            solve=variant.solve,
-            row_passes=variant.row_passes,
-            prefetch=variant.prefetch,
-            unroll_passes=variant.unroll_passes,
-            min_ctas_per_sm=variant.min_ctas_per_sm,
-            register_cap=variant.register_cap,
-            groups=variant.groups,
-            split_threads=variant.split_threads,
-            split_sums=variant.split_sums,
-            threads=variant.threads,
-            head_k_dim=variant.head_k_dim,
-            load_bytes=variant.load_bytes,
-            loads_per_lane=variant.loads_per_lane,
-            lane_stride=variant.lane_stride,
-            butterfly_offsets=variant.butterfly_offsets,
-            scatter_levels=variant.scatter_levels,
-            scatter_rest_offsets=variant.scatter_rest_offsets,
-            rows_held=variant.rows_held,
-            row_bits=variant.row_bits,
-            query_mask=variant.query_mask,
-            query_offset=variant.query_offset,
-            writer_mask=variant.writer_mask,
-            warps=variant.warps,
-            k_per_warp_lane=variant.k_per_warp_lane,
-            warp_butterfly_offsets=variant.warp_butterfly_offsets,
             layout_doc=(
                 "K-last [pool, HV, V, K]"
                 if variant.layout == "k_last"
