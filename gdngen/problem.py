@@ -49,6 +49,16 @@ class Problem:
         return replace(self, **changes)
 
     @property
+    def mode(self) -> str:
+        """``update`` (final state written, no cache), ``verify`` (cache, no final write), or the
+        two other combinations of the flags."""
+        if self.cache_steps is not None and self.disable_state_update:
+            return "verify"
+        if self.cache_steps is None and not self.disable_state_update:
+            return "update"
+        return "cache+update" if self.cache_steps is not None else "no-write"
+
+    @property
     def head_shape(self) -> tuple[int, int]:
         return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
 
@@ -119,6 +129,9 @@ class Problem:
                 raise ValueError("cache_steps must be >= tokens")
             # Poisoned, so that a test sees exactly which entries the kernel wrote.
             args["intermediate_states_buffer"] = torch.full(
-                (B, self.cache_steps, HV, *self.head_shape), float("nan"), dtype=state_dtype, device=device
+                (B, self.cache_steps, HV, *self.head_shape),
+                float("nan"),
+                dtype=state_dtype,
+                device=device,
             )
         return args

@@ -36,8 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         default="none",
-        help="also time single variants: none, all, or a comma list of names",
+        help="single variants to time side by side with the dispatched call in each cell: none, "
+        "all, candidates (every variant of the cell's layout and state dtype), contenders (those "
+        "the tuning file timed within --contender-margin of the cell's best), or a comma list",
     )
+    parser.add_argument(
+        "--tuning",
+        default=None,
+        help="tuning file for --variants contenders (default specs/TARGET.tuning.yaml)",
+    )
+    parser.add_argument("--contender-margin", type=float, default=None, help="default 0.10")
     parser.add_argument("--peers", type=_words, default=["flashinfer", "fla"], help="or: none")
     parser.add_argument("--replays", type=int, default=25)
     parser.add_argument(
@@ -48,34 +56,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     import torch
 
+    from .contenders import CONTENDER_MARGIN, ContenderError, picker
+
+    try:
+        target = importlib.import_module(f"generated.{args.target}")
+    except ModuleNotFoundError:
+        print(
+            f"gdngen bench: --target {args.target!r}: no generated target generated/{args.target}/ "
+            f"(emit it with gdngen emit specs/{args.target}.yaml)",
+            file=sys.stderr,
+        )
+        return 2
+    tuning = Path(args.tuning or f"specs/{args.target}.tuning.yaml")
+    try:
+        variants_for = picker(
+            args.variants, target, tuning_path=tuning,
+            margin=CONTENDER_MARGIN if args.contender_margin is None else args.contender_margin,
+        )  # fmt: skip
+    except ContenderError as exc:
+        print(f"gdngen bench: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gdngen bench: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from .impls import FLA, FlashInfer, Gdngen
+    from .impls import FLA, FlashInfer
     from .report import environment, markdown
     from .run import grid, run_grid
     from .timing import copy_bandwidth
 
-    target = importlib.import_module(f"generated.{args.target}")
-    impls = [Gdngen(args.target)]
-    if args.variants == "all":
-        names = list(target.VARIANTS)
-    elif args.variants == "none":
-        names = []
-    else:
-        names = _words(args.variants)
-    impls += [Gdngen(args.target, name) for name in names]
+    peers = []
     available = {"flashinfer": FlashInfer, "fla": FLA}
     for peer in args.peers:
         if peer == "none":
             continue
         if peer not in available:
-            print(f"gdngen bench: unknown peer {peer!r} (known: {sorted(available)})", file=sys.stderr)
+            print(
+                f"gdngen bench: unknown peer {peer!r} (known: {sorted(available)})", file=sys.stderr
+            )
             return 2
         impl = available[peer]()
         if impl.missing:
             print(f"gdngen bench: peer {peer} missing: {impl.missing}", file=sys.stderr)
-        impls.append(impl)
+        peers.append(impl)
 
     copy_bw = copy_bandwidth()
     meta = environment()
@@ -92,7 +114,10 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         jsonl = open(f"{args.out}.jsonl", "w")
     try:
-        results = run_grid(problems, impls, copy_bw, jsonl=jsonl, replays=args.replays)
+        results = run_grid(
+            problems, args.target, copy_bw, variants_for=variants_for, peers=peers, jsonl=jsonl,
+            replays=args.replays,
+        )  # fmt: skip
     finally:
         if jsonl is not None:
             jsonl.close()

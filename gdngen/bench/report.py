@@ -63,8 +63,43 @@ def _speedup(ours: Result | None, peer: Result | None) -> float | None:
     return peer.us / ours.us
 
 
+#: the dispatched call should be within this fraction of the fastest single variant of a cell
+DISPATCH_TOLERANCE = 0.03
+
+
+def fastest_variant(by_impl: dict[str, Result], ours: str = "gdngen") -> Result | None:
+    """The fastest single variant timed in a cell (beside the dispatched call), if any."""
+    timed = [r for name, r in by_impl.items() if name != ours and name not in PEER_TITLES and r.us]
+    return min(timed, key=lambda r: r.us) if timed else None
+
+
+def dispatch_excess(by_impl: dict[str, Result], ours: str = "gdngen") -> float | None:
+    """How much slower the dispatched call was than the fastest single variant (0.01 = 1%)."""
+    mine, best = by_impl.get(ours), fastest_variant(by_impl, ours)
+    if mine is None or mine.us is None or best is None:
+        return None
+    return mine.us / best.us - 1
+
+
+def _dispatch_summary(cells: dict[str, dict[str, Result]], where: str) -> str | None:
+    """One line: in how many of ``cells`` (by label) the dispatched call met DISPATCH_TOLERANCE."""
+    excess = {
+        key: e for key, by_impl in cells.items() if (e := dispatch_excess(by_impl)) is not None
+    }
+    if not excess:
+        return None
+    within = sum(e <= DISPATCH_TOLERANCE for e in excess.values())
+    label, worst = max(excess.items(), key=lambda item: item[1])
+    return (
+        f"Dispatched call within {100 * DISPATCH_TOLERANCE:g}% of the fastest single variant "
+        f"timed beside it{where}: {within} of {len(excess)} cells (largest gap {100 * worst:+.1f}% "
+        f"at {label})."
+    )
+
+
 def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
     peers = [name for name in PEER_TITLES if any(r.impl == name for r in results)]
+    with_variants = any(r.impl != ours and r.impl not in PEER_TITLES for r in results)
     groups: dict[tuple, dict[tuple, dict[str, Result]]] = defaultdict(lambda: defaultdict(dict))
     for r in results:
         groups[(r.layout, r.state_dtype, r.mode, r.tokens)][(r.HV, r.batch)][r.impl] = r
@@ -77,30 +112,58 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
         "Each cell: microseconds per call (percent of copy bandwidth for the bytes the call must "
         "move: state read, state written unless verify, intermediate states if cached, plus q/k/v/"
         "gates/output). CUDA graph of back-to-back calls over rotating input sets >= 4x L2, median "
-        "of 25 replays; every implementation checked against the float64 reference first, all in "
-        "one process. Speedup = peer time / gdngen time. `n/a`: the peer has no such path; `!`: "
+        "of the replays (25 by default, in 5 rounds interleaved with the gdngen entries of the "
+        "cell); every implementation checked against the float64 reference first, all in one "
+        "process. Speedup = peer time / gdngen time. `n/a`: the peer has no such path; `!`: "
         "its check against the reference failed.",
         "",
     ]
+    if with_variants:
+        lines += [
+            "`fastest variant`: the fastest of the single variants timed side by side with the "
+            "dispatched call in the cell (same inputs, replays interleaved); `vs fastest`: how much "
+            "slower the dispatched call was than it (negative: faster).",
+            "",
+        ]
+    all_cells: dict[tuple, dict[str, Result]] = {}
     for (layout, state_dtype, mode, tokens), cells in sorted(groups.items()):
         lines.append(f"### {LAYOUT_TITLES[layout]}, {state_dtype} state, T={tokens}, {mode}")
         lines.append("")
         header = ["HV", "B", "gdngen us (%SOL)", "variant"]
         header += [f"{PEER_TITLES[p]} us (%SOL)" for p in peers]
         header += [f"vs {PEER_TITLES[p]}" for p in peers]
+        if with_variants:
+            header += ["fastest variant us", "vs fastest"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "---|" * len(header))
         for (HV, batch), by_impl in sorted(cells.items()):
             mine = by_impl.get(ours)
-            row = [str(HV), str(batch), _cell(mine), f"`{mine.variant}`" if mine and mine.variant else "-"]
+            row = [
+                str(HV),
+                str(batch),
+                _cell(mine),
+                f"`{mine.variant}`" if mine and mine.variant else "-",
+            ]
             row += [_cell(by_impl.get(p)) for p in peers]
             for p in peers:
                 s = _speedup(mine, by_impl.get(p))
                 row.append("-" if s is None else f"{s:.2f}x")
+            if with_variants:
+                best, excess = fastest_variant(by_impl, ours), dispatch_excess(by_impl, ours)
+                same = best is not None and mine is not None and best.impl == mine.variant
+                row.append(
+                    "-"
+                    if best is None
+                    else f"{best.us:.2f}" + (" (same)" if same else f" `{best.impl}`")
+                )
+                row.append("-" if excess is None else f"{100 * excess:+.1f}%")
             lines.append("| " + " | ".join(row) + " |")
+            all_cells[(layout, state_dtype, mode, tokens, HV, batch)] = by_impl
         for p in peers:
             ratios = [
-                s for cell in cells.values() if (s := _speedup(cell.get(ours), cell.get(p))) is not None
+                s
+                for cell in cells.values()
+                if (s := _speedup(cell.get(ours), cell.get(p))) is not None
             ]
             if ratios:
                 geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
@@ -109,7 +172,21 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
                     f"vs {PEER_TITLES[p]}: geometric mean {geo:.2f}x, min {min(ratios):.2f}x, "
                     f"max {max(ratios):.2f}x over {len(ratios)} cells."
                 )
+        summary = _dispatch_summary(
+            {f"HV={HV} B={batch}": by_impl for (HV, batch), by_impl in cells.items()}, ""
+        )
+        if summary:
+            lines += ["", summary]
         lines.append("")
+    overall = _dispatch_summary(
+        {
+            f"{layout} {dtype} T={T} {mode} HV={HV} B={B}": by_impl
+            for (layout, dtype, mode, T, HV, B), by_impl in all_cells.items()
+        },
+        ", all tables",
+    )
+    if overall:
+        lines += ["### Dispatch", "", overall, ""]
     problems = [r for r in results if r.status not in ("ok",) and not r.status.startswith("n/a")]
     if problems:
         lines.append("### Problems")

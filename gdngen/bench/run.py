@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, TextIO
+from typing import Callable, Iterable, TextIO
 
 import torch
 
@@ -15,7 +15,7 @@ from gdngen.problem import Problem, state_of
 from gdngen.reference import reference_decode
 
 from .impls import Gdngen, Impl
-from .timing import rotating_sets, time_calls
+from .timing import rotating_sets, time_side_by_side
 
 #: rows of a cell the correctness check compares (the first few and the last)
 CHECK_ROWS = 6
@@ -43,19 +43,13 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
-def mode_of(problem: Problem) -> str:
-    if problem.cache_steps is not None and problem.disable_state_update:
-        return "verify"
-    if problem.cache_steps is None and not problem.disable_state_update:
-        return "update"
-    return "cache+update" if problem.cache_steps is not None else "no-write"
-
-
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def check_against_reference(problem: Problem, args: dict, bound, pool_before: torch.Tensor) -> float:
+def check_against_reference(
+    problem: Problem, args: dict, bound, pool_before: torch.Tensor
+) -> float:
     """Largest relative error (output, written state) over a few batch rows, after one run."""
     bound.run()
     torch.cuda.synchronize()
@@ -87,57 +81,98 @@ def check_against_reference(problem: Problem, args: dict, bound, pool_before: to
     return max(errors)
 
 
-def measure(
-    impl: Impl, problem: Problem, copy_bw: float, *, replays: int = 25
-) -> Result:
-    ran = impl.adapt(problem)
-    variant = impl.chosen_variant(ran) if isinstance(impl, Gdngen) else None
-    result = Result(
-        impl=impl.name, variant=variant, layout=problem.layout, state_dtype=problem.state_dtype,
-        mode=mode_of(problem), tokens=problem.tokens, HV=problem.HV, batch=problem.batch,
-        bytes=problem.moved_bytes(),
+def _result(impl: Impl, problem: Problem, ran: Problem) -> Result:
+    variant = None
+    if isinstance(impl, Gdngen):
+        try:
+            variant = impl.chosen_variant(ran)
+        except LookupError:  # no dispatch row: supports() says why
+            pass
+    return Result(
+        impl=impl.name,
+        variant=variant,
+        layout=problem.layout, state_dtype=problem.state_dtype, mode=problem.mode,
+        tokens=problem.tokens, HV=problem.HV, batch=problem.batch, bytes=problem.moved_bytes(),
     )  # fmt: skip
-    reason = impl.supports(ran)
-    if reason is not None:
-        result.status = f"n/a: {reason}"
-        return result
-    sets = rotating_sets(ran.moved_bytes())
-    result.sets = sets
+
+
+def _error(exc: Exception) -> str:
+    return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def _check(result: Result, problem: Problem, args: dict, bound) -> None:
+    result.check_error = check_against_reference(problem, args, bound, state_of(args).clone())
+    if not result.check_error <= CHECK_TOL:
+        result.status = f"check failed: error {result.check_error:.3g} > {CHECK_TOL}"
+
+
+def measure_side_by_side(
+    impls: list[Impl], problem: Problem, copy_bw: float, *, replays: int = 25
+) -> list[Result]:
+    """Implementations of one cell that run the same form of ``problem`` (gdngen's dispatched
+    call and single variants, or one peer): the same input sets, each checked against the
+    reference, then all timed side by side (interleaved), so they compare within the cell's
+    noise. A failure (unsupported, wrong, crashed) is a result, not an exception."""
+    ran = impls[0].adapt(problem)
+    results = [_result(impl, problem, ran) for impl in impls]
+    runs: dict[str, list] = {}
+    inputs = None
     try:
+        sets = rotating_sets(ran.moved_bytes())
         inputs = [ran.with_(seed=seed).make("cuda") for seed in range(sets)]
-        bounds = [impl.bind(ran, args) for args in inputs]
-        first_pool = state_of(inputs[0])
-        result.check_error = check_against_reference(ran, inputs[0], bounds[0], first_pool.clone())
-        if not result.check_error <= CHECK_TOL:
-            result.status = f"check failed: error {result.check_error:.3g} > {CHECK_TOL}"
-        result.us = time_calls([b.run for b in bounds], replays=replays)
-        result.sol = result.bytes / (result.us * 1e-6) / copy_bw
-    except Exception as exc:  # noqa: BLE001 - a failing peer is a result, not a crash
-        result.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        for index, (impl, result) in enumerate(zip(impls, results)):
+            reason = impl.supports(ran)
+            if reason is not None:
+                result.status = f"n/a: {reason}"
+                continue
+            result.sets = sets
+            try:
+                bounds = [impl.bind(ran, args) for args in inputs]
+                _check(result, ran, inputs[0], bounds[0])
+                runs[str(index)] = [b.run for b in bounds]
+            except Exception as exc:  # noqa: BLE001 - one failing variant or peer is a result
+                result.status = _error(exc)
+        if runs:
+            for index, us in time_side_by_side(runs, replays=replays).items():
+                result = results[int(index)]
+                result.us = us
+                result.sol = result.bytes / (result.us * 1e-6) / copy_bw
+    except Exception as exc:  # noqa: BLE001 - e.g. no memory for the inputs: all results say so
+        for result in results:
+            if result.us is None and result.status == "ok":
+                result.status = _error(exc)
     finally:
-        inputs = bounds = None
+        inputs = runs = None
         gc.collect()
         torch.cuda.empty_cache()
-    return result
+    return results
 
 
 def run_grid(
     problems: Iterable[Problem],
-    impls: list[Impl],
+    target: str,
     copy_bw: float,
     *,
+    variants_for: Callable[[Problem], tuple[list[str], str]] = lambda problem: ([], ""),
+    peers: list[Impl] = (),
     jsonl: TextIO | None = None,
     progress: TextIO = sys.stderr,
     replays: int = 25,
 ) -> list[Result]:
+    """Every problem: gdngen's dispatched call with the single variants ``variants_for`` names for
+    it (side by side), then each peer on its own."""
     problems = list(problems)
-    total = len(problems) * len(impls)
     results: list[Result] = []
     started = time.time()
     for index, problem in enumerate(problems):
-        for position, impl in enumerate(impls):
-            done = index * len(impls) + position + 1
-            result = measure(impl, problem, copy_bw, replays=replays)
+        names, why = variants_for(problem)
+        ours = [Gdngen(target)] + [Gdngen(target, name) for name in dict.fromkeys(names)]
+        cell = measure_side_by_side(ours, problem, copy_bw, replays=replays)
+        for result in cell[1:]:
+            result.extra["chosen_as"] = why
+        for peer in peers:
+            cell += measure_side_by_side([peer], problem, copy_bw, replays=replays)
+        for result in cell:
             results.append(result)
             if jsonl is not None:
                 jsonl.write(json.dumps(asdict(result)) + "\n")
@@ -148,9 +183,9 @@ def run_grid(
                 else result.status
             )
             print(
-                f"[{done:4d}/{total}] {time.time() - started:6.0f}s  T={problem.tokens} "
-                f"HV={problem.HV:3d} B={problem.batch:4d} {problem.layout} {problem.state_dtype} "
-                f"{mode_of(problem):7s} {result.impl:38s} {shown}",
+                f"[{index + 1:4d}/{len(problems)}] {time.time() - started:6.0f}s  "
+                f"T={problem.tokens} HV={problem.HV:3d} B={problem.batch:4d} {problem.layout} "
+                f"{problem.state_dtype} {problem.mode:7s} {result.impl:38s} {shown}",
                 file=progress,
                 flush=True,
             )

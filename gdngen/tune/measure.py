@@ -1,8 +1,9 @@
 """`gdngen tune SPEC`: time every candidate variant of every tuning cell on this GPU.
 
-All candidates of a cell run over the same rotating input sets; each is checked against the
-float64 reference before it is timed, so a wrong kernel can never win a cell, and the close ones
-are timed twice, so a lucky sample cannot either.
+All candidates of a cell run over the same rotating input sets and are timed side by side
+(interleaved, see gdngen.bench.timing); each is checked against the float64 reference before it
+is timed, so a wrong kernel can never win a cell, and the close ones are timed twice, so a lucky
+sample cannot either.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from gdngen.bench.impls import Gdngen
 from gdngen.bench.report import environment
 from gdngen.bench.run import check_against_reference
-from gdngen.bench.timing import copy_bandwidth, rotating_sets, time_calls
+from gdngen.bench.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.problem import Problem, state_of
 from gdngen.spec.model import Spec
 
@@ -42,7 +43,6 @@ def time_variants(
     sets = rotating_sets(problem.moved_bytes())
     inputs = [problem.with_(seed=seed).make("cuda") for seed in range(sets)]
     runs = {}
-    times = {}
     for name in names:
         impl = Gdngen(target, name)
         bounds = [impl.bind(problem, args) for args in inputs]
@@ -52,30 +52,36 @@ def time_variants(
         if not error <= CHECK_TOL:
             raise TuneError(f"{name} disagrees with the reference on {problem}: error {error:.3g}")
         runs[name] = [b.run for b in bounds]
-        times[name] = time_calls(runs[name], replays=replays)
-    times = settle(times, lambda name: time_calls(runs[name], replays=replays))
+
+    def time_some(chosen: list[str]) -> dict[str, float]:
+        return time_side_by_side({name: runs[name] for name in chosen}, replays=replays)
+
+    times = settle(time_some(names), time_some)
     del inputs, runs
     torch.cuda.empty_cache()
     return times
 
 
 def settle(
-    first: dict[str, float], retime: Callable[[str], float], factor: float = CONFIRM_FACTOR
+    first: dict[str, float],
+    retime: Callable[[list[str]], dict[str, float]],
+    factor: float = CONFIRM_FACTOR,
 ) -> dict[str, float]:
     """A cell's timings with its contenders confirmed.
 
-    The contenders (variants within ``factor`` of the cell's best) are timed a second time, in
-    the reverse order, and each keeps the slower of its two timings: a single lucky sample
-    cannot win a cell, and a variant whose timing swings from run to run is ranked by its slow
-    side. With one contender there is nothing to confirm.
+    The contenders (variants within ``factor`` of the cell's best) are timed a second time side
+    by side, in the reverse order, and each keeps the slower of its two timings: a single lucky
+    sample cannot win a cell, and a variant whose timing swings from run to run is ranked by its
+    slow side. With one contender there is nothing to confirm.
     """
     best = min(first.values())
     contenders = [name for name, us in first.items() if us <= best * factor]
     if len(contenders) < 2:
         return dict(first)
+    second = retime(list(reversed(contenders)))
     settled = dict(first)
-    for name in reversed(contenders):
-        settled[name] = max(first[name], retime(name))
+    for name in contenders:
+        settled[name] = max(first[name], second[name])
     return settled
 
 

@@ -56,3 +56,22 @@ def test_tune_small_grid_feeds_emit(tmp_path):
         assert cell.times_us and all(us > 0 for us in cell.times_us.values())
     rows = tuned_rows(tuning, spec, "h200.tuning.yaml")
     assert {row["intermediate"] for row in rows} == {"no", "yes"}
+
+
+def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):
+    out = tmp_path / "side"
+    run = _gdngen(
+        "bench", "--tokens", "1", "--batch", "2,64", "--hv", "64", "--layout", "k_last",
+        "--state-dtype", "fp32", "--variants", "candidates", "--peers", "none", "--replays", "10",
+        "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    results = json.loads(Path(f"{out}.json").read_text())["results"]
+    for batch in (2, 64):
+        cell = {r["impl"]: r for r in results if r["batch"] == batch}
+        ours = cell.pop("gdngen")
+        assert len(cell) > 1 and all(r["status"] == "ok" and r["us"] > 0 for r in cell.values())
+        # the same kernel, timed side by side on the same inputs, reads the same
+        assert abs(cell[ours["variant"]]["us"] / ours["us"] - 1) < 0.05, (ours, cell)
+    table = Path(f"{out}.md").read_text()
+    assert "vs fastest" in table and "all tables:" in table

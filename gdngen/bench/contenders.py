@@ -1,0 +1,110 @@
+"""Which single variants `gdngen bench` times beside the dispatched call of a cell.
+
+``--variants`` picks them: a fixed list of names, ``candidates`` (every variant of the cell's
+layout and state dtype) or ``contenders`` (the variants the tuning file timed within a margin of
+the cell's best: the ones that could be the fastest in this run too). Timed side by side with the
+dispatched call on the same inputs, they show whether the dispatch picked the fastest variant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from gdngen.problem import Problem
+from gdngen.tune.tuning_file import Cell, TuningFile, read_tuning
+
+#: default margin of ``contenders``: a variant the tune timed more than 10% behind a cell's best
+#: would have to gain over twice the run-to-run spread seen on H100 (up to 4%) to come within 3%
+CONTENDER_MARGIN = 0.10
+
+
+class ContenderError(ValueError):
+    pass
+
+
+def pair_variants(target: ModuleType, layout: str, state_dtype: str) -> list[str]:
+    """The target's variants for one layout and state dtype, by name."""
+    call = target.variant(target.VARIANTS[0])
+    return [
+        name
+        for name in target.VARIANTS
+        if (call.module(name).KNOBS["layout"], call.module(name).KNOBS["state_dtype"])
+        == (layout, state_dtype)
+    ]
+
+
+def tuned_cell(tuning: TuningFile, problem: Problem) -> Cell | None:
+    """The tuning file's cell for ``problem``, if the tune measured that very cell."""
+    key = (
+        problem.layout, problem.state_dtype, problem.tokens, problem.mode, problem.HV,
+        problem.batch,
+    )  # fmt: skip
+    for cell in tuning.cells:
+        if (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV, cell.batch) == key:
+            return cell
+    return None
+
+
+def within_margin(cell: Cell, margin: float) -> list[str]:
+    """The variants of ``cell`` timed within ``margin`` of its best, fastest first."""
+    best = min(cell.times_us.values())
+    ranked = sorted(cell.times_us.items(), key=lambda item: (item[1], item[0]))
+    return [name for name, us in ranked if us <= best * (1 + margin)]
+
+
+def picker(
+    choice: str,
+    target: ModuleType,
+    *,
+    tuning_path: Path | None = None,
+    margin: float = CONTENDER_MARGIN,
+) -> Callable[[Problem], tuple[list[str], str]]:
+    """A function giving, for a problem, the variants to time beside the dispatched call and a
+    line saying why those.
+
+    ``choice`` is ``none``, ``all`` (every variant of the target), ``candidates``, ``contenders``
+    or a comma list of names. Raises ContenderError for an unknown name or a missing tuning file.
+    """
+    if choice == "none":
+        return lambda problem: ([], "")
+    if choice == "all":
+        names = list(target.VARIANTS)
+        return lambda problem: (names, "all variants of the target")
+    if choice == "candidates":
+        return lambda problem: (
+            pair_variants(target, problem.layout, problem.state_dtype),
+            "every variant of the layout and state dtype",
+        )
+    if choice == "contenders":
+        if tuning_path is None or not tuning_path.is_file():
+            raise ContenderError(
+                f"--variants contenders needs the target's tuning file; {tuning_path} "
+                "does not exist (give it with --tuning)"
+            )
+        if not 0 <= margin <= 1:
+            raise ContenderError(f"--contender-margin must be within [0, 1], got {margin}")
+        tuning = read_tuning(tuning_path)
+        known = set(target.VARIANTS)
+
+        def contenders(problem: Problem) -> tuple[list[str], str]:
+            cell = tuned_cell(tuning, problem)
+            if cell is None:
+                return (
+                    pair_variants(target, problem.layout, problem.state_dtype),
+                    "cell not in the tuning file: every variant of the layout and state dtype",
+                )
+            names = [name for name in within_margin(cell, margin) if name in known]
+            return names, f"within {100 * margin:g}% of the best in {tuning_path.name}"
+
+        return contenders
+    names = [name for name in choice.split(",") if name]
+    unknown = [name for name in names if name not in target.VARIANTS]
+    if unknown:
+        raise ContenderError(
+            f"--variants: unknown variant(s) {', '.join(unknown)}; the target has "
+            f"{len(target.VARIANTS)} (e.g. {target.VARIANTS[0]}), or use none, all, candidates, "
+            "contenders"
+        )
+    return lambda problem: (names, "named on the command line")

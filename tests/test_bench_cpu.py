@@ -1,0 +1,190 @@
+"""`gdngen bench` without a GPU: which variants it times beside the dispatched call, its
+argument errors, and the dispatch columns of its report."""
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+import generated.h200 as h200
+from gdngen.bench.contenders import (
+    ContenderError,
+    pair_variants,
+    picker,
+    tuned_cell,
+    within_margin,
+)
+from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess, markdown
+from gdngen.bench.run import Result
+from gdngen.problem import Problem
+from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning
+from tests.spec_helpers import ROOT
+
+KL_BF16 = [name for name in h200.VARIANTS if name.startswith("kl_bf16_")]
+KL_FP32 = [name for name in h200.VARIANTS if name.startswith("kl_fp32_")]
+
+
+def _problem(**changes) -> Problem:
+    base = Problem(
+        batch=16, tokens=1, H=16, HV=64, K=128, V=128, layout="k_last", state_dtype="bf16",
+        pool_size=16,
+    )  # fmt: skip
+    return base.with_(**changes)
+
+
+def _tuning_file(tmp_path, times_us: dict[str, float], **cell) -> object:
+    where = dict(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=64, batch=16)
+    where.update(cell)
+    tuning = TuningFile(
+        target="h200", sm="sm_90a", gpu="NVIDIA H100 80GB HBM3", date="2026-11-22",
+        command="gdngen tune specs/h200.yaml", variants_sha256={"k_last/bf16": "0" * 16},
+        copy_bw_tbps=2.95, versions={"torch": "2"}, cells=[Cell(**where, times_us=times_us)],
+    )  # fmt: skip
+    path = tmp_path / "h200.tuning.yaml"
+    path.write_text(dump_tuning(tuning))
+    return path
+
+
+def test_problem_mode_names_the_two_served_modes_and_the_others():
+    assert _problem().mode == "update"
+    assert _problem(tokens=4, cache_steps=4, disable_state_update=True).mode == "verify"
+    assert _problem(tokens=4, cache_steps=4).mode == "cache+update"
+    assert _problem(disable_state_update=True).mode == "no-write"
+
+
+def test_pair_variants_are_those_of_the_layout_and_dtype():
+    assert pair_variants(h200, "k_last", "bf16") == KL_BF16
+    assert pair_variants(h200, "k_last", "fp32") == KL_FP32
+    assert len(KL_BF16) > 1 and len(KL_FP32) > 1
+
+
+def test_candidates_follow_the_problem_pair():
+    pick = picker("candidates", h200)
+    assert pick(_problem())[0] == KL_BF16
+    assert pick(_problem(state_dtype="fp32"))[0] == KL_FP32
+
+
+def test_contenders_are_the_tuned_variants_within_the_margin_fastest_first(tmp_path):
+    a, b, c, d = KL_BF16[:4]
+    path = _tuning_file(tmp_path, {a: 10.0, b: 10.9, c: 11.1, d: 9.95})
+    names, why = picker("contenders", h200, tuning_path=path, margin=0.10)(_problem())
+    assert names == [d, a, b]  # c is 11.6% behind the best
+    assert "within 10%" in why and path.name in why
+    tight = picker("contenders", h200, tuning_path=path, margin=0.0)(_problem())[0]
+    assert tight == [d]
+
+
+def test_contenders_of_a_cell_the_tune_did_not_measure_are_every_candidate(tmp_path):
+    path = _tuning_file(tmp_path, {KL_BF16[0]: 10.0})
+    names, why = picker("contenders", h200, tuning_path=path)(_problem(batch=3, pool_size=3))
+    assert names == KL_BF16 and "not in the tuning file" in why
+
+
+def test_contenders_drop_names_the_target_no_longer_has(tmp_path):
+    path = _tuning_file(tmp_path, {"kl_bf16_gone_sm90": 9.0, KL_BF16[0]: 9.5})
+    names, _ = picker("contenders", h200, tuning_path=path)(_problem())
+    assert names == [KL_BF16[0]]
+
+
+def test_tuned_cell_matches_every_coordinate(tmp_path):
+    path = _tuning_file(tmp_path, {KL_BF16[0]: 10.0})
+    from gdngen.tune.tuning_file import read_tuning
+
+    tuning = read_tuning(path)
+    assert tuned_cell(tuning, _problem()) is not None
+    for change in (
+        dict(HV=32), dict(batch=4, pool_size=4), dict(tokens=2), dict(state_dtype="fp32"),
+        dict(tokens=1, cache_steps=1, disable_state_update=True),
+    ):  # fmt: skip
+        assert tuned_cell(tuning, _problem(**change)) is None, change
+
+
+def test_within_margin_breaks_ties_by_name():
+    cell = Cell(
+        layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=64, batch=1,
+        times_us={"b": 5.0, "a": 5.0, "c": 5.2, "d": 7.0},
+    )  # fmt: skip
+    assert within_margin(cell, 0.05) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "choice, kwargs, message",
+    [
+        ("kl_bf16_nope_sm90", {}, "unknown variant(s) kl_bf16_nope_sm90"),
+        ("contenders", {"tuning_path": None}, "needs the target's tuning file"),
+        ("contenders", {"margin": 1.5}, "--contender-margin must be within [0, 1], got 1.5"),
+    ],
+)
+def test_picker_refuses_bad_choices(tmp_path, choice, kwargs, message):
+    kwargs.setdefault("tuning_path", _tuning_file(tmp_path, {KL_BF16[0]: 1.0}))
+    with pytest.raises(ContenderError) as caught:
+        picker(choice, h200, **kwargs)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--variants", "nope"], "unknown variant(s) nope"),
+        (["--variants", "contenders", "--tuning", "missing.yaml"], "missing.yaml does not exist"),
+        (["--target", "b300"], "--target 'b300': no generated target generated/b300/"),
+    ],
+)
+def test_cli_bench_argument_errors_come_before_any_gpu_work(args, message):
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "bench", *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr, run.stderr
+
+
+def _result(impl: str, us: float | None, variant: str | None = None, **where) -> Result:
+    cell = dict(layout="k_last", state_dtype="bf16", mode="update", tokens=1, HV=64, batch=16)
+    cell.update(where)
+    return Result(impl=impl, variant=variant or impl, us=us, sol=0.5 if us else None, **cell)
+
+
+META = {
+    "gpu": "GPU", "sm": "sm_90", "copy_bw": 3e12, "date": "2026-11-22", "command": "gdngen bench",
+    "versions": {"torch": "2"},
+}  # fmt: skip
+
+
+def test_dispatch_excess_compares_with_the_fastest_single_variant():
+    cell = {
+        "gdngen": _result("gdngen", 10.2, variant="v1"),
+        "v1": _result("v1", 10.1),
+        "v2": _result("v2", 10.0),
+        "flashinfer": _result("flashinfer", 9.0, variant=None),  # a peer is not a variant
+    }
+    assert dispatch_excess(cell) == pytest.approx(0.02)
+    assert dispatch_excess({"gdngen": cell["gdngen"]}) is None
+    assert dispatch_excess({**cell, "v2": replace(cell["v2"], us=None)}) == pytest.approx(
+        0.1 / 10.1
+    )
+
+
+def test_report_shows_the_fastest_variant_and_counts_the_cells_within_tolerance():
+    slow = 1 + 2 * DISPATCH_TOLERANCE
+    results = [
+        _result("gdngen", 10.0, variant="v1", batch=1),
+        _result("v1", 10.0, batch=1),
+        _result("v2", 10.1, batch=1),
+        _result("gdngen", 10.0 * slow, variant="v2", batch=4),
+        _result("v1", 10.0, batch=4),
+        _result("v2", 10.0 * slow, batch=4),
+        _result("flashinfer", 12.0, variant=None, batch=4),
+    ]
+    table = markdown(results, META)
+    assert "fastest variant us | vs fastest" in table
+    assert "| 10.00 (same) | +0.0% |" in table  # B=1: the dispatched kernel is the fastest
+    assert "| 10.00 `v1` | +6.0% |" in table  # B=4: v1 was 6% faster than the dispatched v2
+    assert "within 3% of the fastest single variant timed beside it: 1 of 2 cells" in table
+    assert "largest gap +6.0% at HV=64 B=4" in table
+    assert "all tables: 1 of 2 cells" in table
+
+
+def test_report_without_single_variants_has_no_dispatch_columns():
+    table = markdown([_result("gdngen", 10.0, variant="v1")], META)
+    assert "vs fastest" not in table and "### Dispatch" not in table
