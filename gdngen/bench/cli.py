@@ -60,7 +60,9 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
 
     try:
         target = importlib.import_module(f"generated.{args.target}")
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("generated", f"generated.{args.target}"):
+            raise  # the target exists but something it imports is missing: show that
         print(
             f"gdngen bench: --target {args.target!r}: no generated target generated/{args.target}/ "
             f"(emit it with gdngen emit specs/{args.target}.yaml)",
