@@ -18,7 +18,7 @@ from gdngen.bench.contenders import (
 from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess, markdown
 from gdngen.bench.run import Result
 from gdngen.problem import Problem
-from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning
+from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning, read_tuning
 from tests.spec_helpers import ROOT
 
 KL_BF16 = [name for name in h200.VARIANTS if name.startswith("kl_bf16_")]
@@ -88,10 +88,7 @@ def test_contenders_drop_names_the_target_no_longer_has(tmp_path):
 
 
 def test_tuned_cell_matches_every_coordinate(tmp_path):
-    path = _tuning_file(tmp_path, {KL_BF16[0]: 10.0})
-    from gdngen.tune.tuning_file import read_tuning
-
-    tuning = read_tuning(path)
+    tuning = read_tuning(_tuning_file(tmp_path, {KL_BF16[0]: 10.0}))
     assert tuned_cell(tuning, _problem()) is not None
     for change in (
         dict(HV=32), dict(batch=4, pool_size=4), dict(tokens=2), dict(state_dtype="fp32"),

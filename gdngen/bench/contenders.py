@@ -26,12 +26,12 @@ class ContenderError(ValueError):
 
 def pair_variants(target: ModuleType, layout: str, state_dtype: str) -> list[str]:
     """The target's variants for one layout and state dtype, by name."""
-    call = target.variant(target.VARIANTS[0])
+    call = target.variant(target.VARIANTS[0])  # any variant's call loads every kernel module
+    knobs = {name: call.module(name).KNOBS for name in target.VARIANTS}
     return [
         name
         for name in target.VARIANTS
-        if (call.module(name).KNOBS["layout"], call.module(name).KNOBS["state_dtype"])
-        == (layout, state_dtype)
+        if (knobs[name]["layout"], knobs[name]["state_dtype"]) == (layout, state_dtype)
     ]
 
 

@@ -208,18 +208,19 @@ def dispatch_rows(spec: Spec, tuning: Measured | None = None) -> list[dict]:
     rows = tuned_rows(tuning.tuning, spec, tuning.name) if tuning else []
     measured = {(row["layout"], row["state_dtype"]) for row in rows}
     if rows:
-        as_rules = (
-            [
-                DispatchRule(
+        tuned_rules = [
+            DispatchRule(
                 layout=row["layout"], state_dtype=row["state_dtype"],
                 tokens=Range(lo=row["tokens"][0], hi=row["tokens"][1]),
                 batch_heads=Range(lo=row["batch_heads"][0], hi=row["batch_heads"][1]),
                 intermediate=row["intermediate"], use=row["variant"],
-            )  # fmt: skip
-                for row in rows
-            ]
-            + [rule for rule in spec.dispatch if (rule.layout, rule.state_dtype) not in measured]
-        )
+            )
+            for row in rows
+        ]  # fmt: skip
+        static_rules = [
+            rule for rule in spec.dispatch if (rule.layout, rule.state_dtype) not in measured
+        ]
+        as_rules = tuned_rules + static_rules
         gap = spec.dispatch_gap(as_rules)
         if gap:
             raise TuningError(f"{tuning.name}: its dispatch rows leave a gap: {gap}")
