@@ -15,6 +15,7 @@ import pytest
 
 from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.resources import kernel_resources
+from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 REGISTERS_PER_SM = 65536
@@ -73,6 +74,16 @@ def test_kernel_compiles_for_its_target(target_name, variant):
         assert found.registers * module.THREADS <= REGISTERS_PER_SM, f"CTA cannot launch: {where}"
         loads_per_lane = module.ILP if module.LAYOUT == "k_last" else module.VEC
         assert found.vector_loads >= loads_per_lane, f"state loads were not vectorised: {where}"
+        # Cache operators: the state accesses the knobs name carry one, on every vector of the
+        # lane's tile (the state is the only vector access that may carry one).
+        expected = set()
+        if module.KNOBS["state_load_cache"] != "all":
+            expected.add(f"ld.{LOAD_CACHE_PTX[module.KNOBS['state_load_cache']]}")
+        if module.KNOBS["state_store_cache"] != "write_back":
+            expected.add(f"st.{STORE_CACHE_PTX[module.KNOBS['state_store_cache']]}")
+        cache_ops = dict(found.cache_ops)
+        assert set(cache_ops) == expected, where
+        assert all(count >= loads_per_lane for count in cache_ops.values()), where
         if module.KNOBS["packed_fma"]:
             assert found.packed_fp32x2 > 0, f"no packed fp32x2 instructions: {where}"
         else:

@@ -1,4 +1,4 @@
-"""The unroll_passes and min_ctas_per_sm knobs, without a GPU: their checks, their names, and
+"""The unroll_passes, min_ctas_per_sm and state cache knobs, without a GPU: their checks, names, and
 that each changes only the lines of the emitted kernel it is about."""
 
 import difflib
@@ -126,3 +126,39 @@ def test_min_ctas_per_sm_changes_only_the_launch():
     assert removed == [
         "-        grid=(head_v_dim // TILE_V, num_v_heads, q.shape[0]), block=(THREADS, 1, 1), stream=stream"
     ], changed
+
+
+def test_cache_knob_names():
+    streaming = Variant(**STAGED, state_load_cache="streaming", state_store_cache="streaming")
+    assert streaming.name_for("sm_90a") == (
+        "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_ldcs_stcs_staged_sm90"
+    )
+    assert streaming.cache_hinted and not Variant(**STAGED).cache_hinted
+    only_store = Variant(**STAGED, state_store_cache="global")
+    assert only_store.name_for("sm_90a").endswith("_passes4_stcg_staged_sm90")
+    assert (only_store.load_cache_mode, only_store.store_cache_mode) == ("ALWAYS", "GLOBAL")
+    with pytest.raises(ValueError, match="state_load_cache"):
+        Variant(**STAGED, state_load_cache="evict_first")
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(prefetch=True)], ids=["passes", "prefetch"])
+def test_cache_knobs_change_only_the_state_accesses(knobs):
+    plain = _kernel_text(**knobs)
+    hinted = _kernel_text(**knobs, state_load_cache="streaming", state_store_cache="streaming")
+    assert "LoadCacheMode.STREAMING" in hinted and "StoreCacheMode.STREAMING" in hinted
+    assert "cute.nvgpu" not in plain and "_through" not in plain
+    changed = _changed_code_lines(plain, hinted)
+    # Removed: the name, the two knob values and the plain tile accesses, which become copies
+    # through the atoms; added: their replacements, the atoms and the helpers' import.
+    removed = [line for line in changed if line.startswith("-")]
+    assert [line for line in removed if "NAME" in line or "_cache" in line] == removed[:3]
+    plain_accesses = removed[3:]
+    assert plain_accesses and all(
+        line.endswith(("_src.load().to(Float32))", "_src.load())", ".element_type))"))
+        for line in plain_accesses
+    ), changed
+    added = [line for line in changed if line.startswith("+")]
+    through = [line for line in added if "load_through(" in line or "store_through(" in line]
+    assert len(through) == len(plain_accesses), changed
+    assert "+from gdngen.runtime.cache_copy import load_through, store_through" in added
+    assert sum("make_copy_atom(" in line for line in added) == 2, changed

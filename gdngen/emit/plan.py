@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdngen.spec import Spec, spec_sha256
-from gdngen.spec.model import DispatchRule, Range, Variant
+from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, DispatchRule, Range, Variant
 from gdngen.tune.tuning_file import TuningError, TuningFile, tuned_rows
 
 #: bumped when the emitted files' shape changes in a way their inputs do not show
@@ -81,6 +81,12 @@ def _summary(variant: Variant) -> str:
         f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} bytes, and "
         f"{reduction}"
         + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
+        + (
+            f" Its state moves with ld.global.{LOAD_CACHE_PTX[variant.state_load_cache]} loads and "
+            f"st.global.{STORE_CACHE_PTX[variant.state_store_cache]} stores (cache operators)."
+            if variant.cache_hinted
+            else ""
+        )
         + (
             f" Launch bounds fit {variant.min_ctas_per_sm} CTAs on an SM (at most "
             f"{variant.register_cap} registers a thread)."

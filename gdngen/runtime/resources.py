@@ -29,6 +29,9 @@ class Resources:
     vector_loads: int = 0
     #: packed fp32x2 FMAs/multiplies in the PTX (sm_100a)
     packed_fp32x2: int = 0
+    #: vector global loads and stores by cache operator, e.g. {"ld.cs": 8, "st.cs": 8}; plain
+    #: ones (no operator: .ca loads, .wb stores) are not listed
+    cache_ops: tuple[tuple[str, int], ...] = ()
 
 
 def find_ptxas() -> str:
@@ -86,4 +89,14 @@ def kernel_resources(module: ModuleType, key: CompileKey) -> Resources:
         ptx_lines=len(text.splitlines()),
         vector_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", text)),
         packed_fp32x2=len(re.findall(r"\b(?:fma|mul)\.\w+\.f32x2\b", text)),
+        cache_ops=_cache_ops(text),
     )
+
+
+def _cache_ops(ptx: str) -> tuple[tuple[str, int], ...]:
+    """Vector global accesses that carry a cache operator, counted by kind and operator."""
+    found = re.findall(r"\b(ld|st)\.global\.(ca|cg|cs|lu|wb|wt)\.v[248]\.", ptx)
+    counts: dict[str, int] = {}
+    for op, mode in found:
+        counts[f"{op}.{mode}"] = counts.get(f"{op}.{mode}", 0) + 1
+    return tuple(sorted(counts.items()))

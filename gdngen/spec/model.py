@@ -32,6 +32,12 @@ MAX_STATE_REGS = 128
 PACKED_FMA_TARGETS = ("sm_100a",)
 #: how a kernel walks the T tokens (see Variant.solve)
 Solve = Literal["stepwise", "staged"]
+#: cache operators of the state's loads and stores (CuTe's LoadCacheMode / StoreCacheMode),
+#: with their PTX qualifiers (which name the variant)
+LoadCache = Literal["all", "global", "streaming", "last_use"]
+StoreCache = Literal["write_back", "global", "streaming"]
+LOAD_CACHE_PTX = {"all": "ca", "global": "cg", "streaming": "cs", "last_use": "lu"}
+STORE_CACHE_PTX = {"write_back": "wb", "global": "cg", "streaming": "cs"}
 #: registers of one SM (sm_90a and sm_100a), shared by the threads of its resident CTAs
 SM_REGISTERS = 65536
 #: threads one SM holds at once
@@ -117,6 +123,13 @@ class Variant(_Strict):
     #: CTAs the compiler must fit on one SM (launch bounds; 0: no bound): caps the registers of
     #: a thread at SM_REGISTERS / (min_ctas_per_sm * threads), trading spills for occupancy
     min_ctas_per_sm: int = Field(default=0, ge=0, le=32)
+    #: cache operator of the state's loads (PTX ld.global.ca / .cg / .cs / .lu): the state is
+    #: read once per call, so ``streaming`` and ``last_use`` mark its lines evict-first and
+    #: ``global`` keeps them out of L1
+    state_load_cache: LoadCache = "all"
+    #: cache operator of the state's stores, pool and per-token cache alike (st.global.wb / .cg
+    #: / .cs): ``streaming`` marks the written lines evict-first
+    state_store_cache: StoreCache = "write_back"
 
     # -- derived numbers (the templates read these; they never compute them) --------------------
 
@@ -137,6 +150,21 @@ class Variant(_Strict):
     @property
     def load_bytes(self) -> int:
         return self.load_elems * self.state_bytes
+
+    @property
+    def cache_hinted(self) -> bool:
+        """Whether the state moves through copy atoms that carry cache operators."""
+        return self.state_load_cache != "all" or self.state_store_cache != "write_back"
+
+    @property
+    def load_cache_mode(self) -> str:
+        """The CuTe LoadCacheMode member of state_load_cache."""
+        return "ALWAYS" if self.state_load_cache == "all" else self.state_load_cache.upper()
+
+    @property
+    def store_cache_mode(self) -> str:
+        """The CuTe StoreCacheMode member of state_store_cache."""
+        return self.state_store_cache.upper()
 
     @property
     def register_cap(self) -> int | None:
@@ -288,6 +316,10 @@ class Variant(_Strict):
             parts.append("unroll")
         if self.min_ctas_per_sm:
             parts.append(f"occ{self.min_ctas_per_sm}")
+        if self.state_load_cache != "all":
+            parts.append(f"ld{LOAD_CACHE_PTX[self.state_load_cache]}")
+        if self.state_store_cache != "write_back":
+            parts.append(f"st{STORE_CACHE_PTX[self.state_store_cache]}")
         if self.solve != "stepwise":
             parts.append(self.solve)
         parts.append(sm.removesuffix("a").replace("_", ""))
