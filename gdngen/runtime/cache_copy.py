@@ -8,12 +8,12 @@ staging as the plain calls, so that a 16-bit tile stays in registers.
 
 from __future__ import annotations
 
+import cutlass.cute as cute
+
 
 def _copy(atom, src, dst, vector: int) -> None:
     """``src`` -> ``dst`` through ``atom``, ``vector`` elements per instruction, over the largest
     layout both share contiguously (each vector is one instruction on both sides)."""
-    import cutlass.cute as cute
-
     common = cute.max_common_layout(src, dst)
     vectors = cute.make_layout(vector)
     cute.copy(
@@ -25,8 +25,6 @@ def _copy(atom, src, dst, vector: int) -> None:
 
 def load_through(atom, src, vector: int):
     """``src.load()``, with ``atom``'s loads of ``vector`` elements."""
-    import cutlass.cute as cute
-
     staged = cute.make_rmem_tensor_like(src, src.element_type)
     _copy(atom, src, staged, vector)
     return staged.load()
@@ -36,8 +34,6 @@ def store_through(atom, data, dst, vector: int) -> None:
     """``dst.store(data)`` (``data`` in ``dst``'s dtype), with ``atom``'s stores of ``vector``
     elements. The register tile is filled element by element, as the plain store does: a whole
     16-bit vector stored into it would go through local memory."""
-    import cutlass.cute as cute
-
     staged = cute.make_rmem_tensor_like(dst, dst.element_type)
     for i in range(cute.size(staged)):
         staged[i] = data[i]

@@ -152,6 +152,11 @@ class Variant(_Strict):
         return self.load_elems * self.state_bytes
 
     @property
+    def load_bits(self) -> int:
+        """Bits in one vector load or store of state (a copy atom's width)."""
+        return 8 * self.load_bytes
+
+    @property
     def cache_hinted(self) -> bool:
         """Whether the state moves through copy atoms that carry cache operators."""
         return self.state_load_cache != "all" or self.state_store_cache != "write_back"
