@@ -70,13 +70,21 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     import torch
 
     from gdngen.spec import SpecError, load_spec
-    from gdngen.tune.measure import TuneError, merge, tune, write
+    from gdngen.tune.measure import TuneError, merge, retime_record, tune, write
     from gdngen.tune.tuning_file import TuningError, default_path, read_tuning, stale_pairs
 
+    spec_path = Path(args.spec)
+    out = Path(args.out) if args.out else default_path(spec_path)
+    if args.retime and not out.is_file():
+        print(
+            f"gdngen tune: --retime adds timings to the cells of {out}, which does not exist; "
+            "measure them first (without --retime)",
+            file=sys.stderr,
+        )
+        return 2
     if not torch.cuda.is_available():
         print("gdngen tune: needs a CUDA GPU", file=sys.stderr)
         return 2
-    spec_path = Path(args.spec)
     try:
         spec = load_spec(spec_path)
     except SpecError as exc:
@@ -88,20 +96,26 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    out = Path(args.out) if args.out else default_path(spec_path)
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
     old = None
-    if args.merge and out.exists():
+    if (args.merge or args.retime) and out.exists():
         # Not load_tuning: a file with some stale pairs still has fresh ones to keep; merge drops
         # the stale ones (and everything if the GPU differs).
         try:
             old = read_tuning(out)
         except TuningError as exc:
             print(f"gdngen tune: not merging with {out}: {exc}", file=sys.stderr)
+            if args.retime:
+                return 2
         else:
             for reason in stale_pairs(old, spec).values():
                 print(f"gdngen tune: dropping stale cells of {reason}", file=sys.stderr)
+    retimed_by = None
+    if args.retime:
+        device = torch.cuda.get_device_properties(torch.cuda.current_device())
+        uuid = str(getattr(device, "uuid", "")) or None
+        retimed_by = retime_record(torch.cuda.get_device_name(), uuid, sys.argv[1:])
     # One pair and token count at a time, each written as it completes: a long run that is cut
     # off keeps what it measured, and T > 1 shortlists from the T = 1 cells already written.
     for pair in pairs or list(spec.served):
@@ -109,15 +123,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             try:
                 measured = tune(
                     spec, sys.argv[1:], pairs=[pair], tokens=(T,), replays=args.replays,
-                    earlier=old,
+                    earlier=old, retime=args.retime,
                 )  # fmt: skip
+                old = merge(old, measured, spec, retimed_by=retimed_by)
             except TuneError as exc:
                 print(f"gdngen tune: {exc}", file=sys.stderr)
                 return 1
-            old = merge(old, measured, spec)
             write(out, old)
+            done = "retimed" if args.retime else "measured"
             print(
-                f"wrote {out}: {'/'.join(pair)} T={T} measured ({len(measured.cells)} cells)",
+                f"wrote {out}: {'/'.join(pair)} T={T} {done} ({len(measured.cells)} cells)",
                 flush=True,
             )
     print(f"now run: gdngen emit {spec_path}")
@@ -161,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--tokens", help="only these T values (default: the spec's tuning.tokens)")
     p_tune.add_argument(
         "--merge", action="store_true", help="keep cells of the existing file not re-measured"
+    )
+    p_tune.add_argument(
+        "--retime",
+        action="store_true",
+        help="time the contenders of the cells already in the file again (in this process, on "
+        "this GPU) and add that timing to each cell: the dispatch then takes the variant whose "
+        "mean gap to the fastest over all timings is least. Run it on another GPU of the same "
+        "model, or at least in another process, to catch a ranking that swings between them",
     )
     p_tune.add_argument("--replays", type=int, default=15)
     p_tune.set_defaults(func=_cmd_tune)

@@ -11,7 +11,14 @@ import generated.h200 as h200
 from gdngen.emit import Measured, emit, expected_files
 from gdngen.runtime.dispatch import Row, select
 from gdngen.spec import load_spec, parse_spec
-from gdngen.tune.measure import earlier_first_token_cells, merge, settle, shortlist
+from gdngen.tune.measure import (
+    TuneError,
+    earlier_first_token_cells,
+    merge,
+    retime_names,
+    settle,
+    shortlist,
+)
 from gdngen.tune.tuning_file import (
     Cell,
     TuningError,
@@ -21,6 +28,7 @@ from gdngen.tune.tuning_file import (
     pair_sha256,
     tuned_rows,
     variants_sha256,
+    verdicts,
 )
 from tests.spec_helpers import ROOT, to_yaml
 
@@ -93,6 +101,26 @@ def test_dump_and_load_round_trip(spec, tmp_path):
     assert loaded.gpu == tuning.gpu and loaded.versions == tuning.versions
 
 
+def _retimed(cell: Cell, *timings: dict) -> Cell:
+    return cell.model_copy(update={"retimed_us": [*cell.retimed_us, *timings]})
+
+
+def test_retimed_cells_round_trip_and_files_without_retimes_keep_their_form(spec, tmp_path):
+    plain = dump_tuning(_tuning(spec))
+    assert "retimed" not in plain
+    cells = _cells()
+    cells[0] = _retimed(cells[0], {SMALL_V: 3.4, LARGE_V: 4.1}, {SMALL_V: 3.3, LARGE_V: 4.5})
+    record = "2026-11-22 15:04 NVIDIA H100 80GB HBM3 (GPU-1234): gdngen tune --retime"
+    tuning = _tuning(spec, cells=cells, retimed=[record])
+    path = _write(tmp_path, tuning)
+    text = path.read_text()
+    assert yaml.safe_load(text)["retimed"] == [record]
+    assert f"retimed_us: [{{{LARGE_V}: 4.10, {SMALL_V}: 3.40}}, " in text
+    loaded = load_tuning(path, spec)
+    assert sorted(loaded.cells, key=repr) == sorted(cells, key=repr)
+    assert loaded.retimed == [record]
+
+
 def test_dump_is_sorted_and_deterministic(spec):
     tuning = _tuning(spec)
     shuffled = tuning.model_copy(update={"cells": list(reversed(tuning.cells))})
@@ -112,6 +140,90 @@ def test_rows_pick_the_fastest_and_split_at_geometric_midpoints(spec):
     ]
     assert all("tuned specs/mini.tuning.yaml T=1 update" in r["source"] for r in t1)
     assert "B*HV=2048" in t1[1]["source"] and "next " + SMALL_V in t1[1]["source"]
+
+
+def _cell(batch: int, times: dict, *retimes: dict, HV: int = 64) -> Cell:
+    return Cell(
+        layout="k_last", state_dtype="bf16", tokens=4, mode="update", HV=HV, batch=batch,
+        times_us=times, retimed_us=list(retimes),
+    )  # fmt: skip
+
+
+def test_a_retimed_cell_goes_to_the_variant_least_behind_in_every_timing():
+    """The swing seen on an H200: "steady" wins the first timing by 0.6%, "swinging" wins the
+    retime by 4%. Dispatching "steady" costs 2% on average over the two, "swinging" 0.3%."""
+    cell = _cell(
+        512,
+        {"steady": 832.5, "swinging": 837.1, "slow": 900.0},
+        {"steady": 841.0, "swinging": 809.0},
+    )
+    (point,) = verdicts([cell])
+    assert point.variant == "swinging" and point.timings == 2 and point.cells == 1
+    assert point.worst_gap == pytest.approx(837.1 / 832.5 - 1)
+    assert point.mean_gap == pytest.approx((837.1 / 832.5 - 1) / 2)
+    assert point.runner_up == "steady" and point.runner_up_gap == pytest.approx((841 / 809 - 1) / 2)
+    assert point.evidence() == (
+        "B*HV=32768: 837.10 us, off the fastest by +0.3% on average and +0.6% at most in 2 "
+        "timings of 1 cell (next steady +2.0%)"
+    )
+    # "slow" was not a contender, so not retimed: it cannot win on its first timing alone.
+    assert "slow" not in point.runner_up
+
+
+def test_one_timing_keeps_the_fastest_and_its_plain_evidence():
+    (point,) = verdicts([_cell(4, {"a": 10.0, "b": 9.5})])
+    assert (point.variant, point.worst_gap, point.runner_up) == ("b", 0.0, "a")
+    assert point.evidence() == "B*HV=256: 9.50 us (next a 10.00 us)"
+
+
+def test_cells_sharing_a_batch_heads_go_to_the_least_mean_gap_across_them():
+    """HV=32 B=512 and HV=64 B=256 are both B*HV=16384: "b" has the least summed time but is 5%
+    off in one cell; "a" is at most 1% off in both."""
+    cells = [
+        _cell(512, {"a": 101.0, "b": 100.0}, HV=32),
+        _cell(256, {"a": 100.0, "b": 105.0}),
+    ]
+    (point,) = verdicts(cells)
+    assert point.variant == "a" and point.cells == 2 and point.timings == 2
+    assert point.worst_gap == pytest.approx(0.01) and point.mean_gap == pytest.approx(0.005)
+
+
+def test_retimes_of_disjoint_contenders_fall_back_to_the_first_timings():
+    cells = [
+        _cell(512, {"a": 10.0, "b": 10.1, "c": 11.0, "d": 12.0}, {"a": 10.2, "b": 10.0}, HV=32),
+        _cell(256, {"a": 10.9, "b": 11.2, "c": 10.0, "d": 10.3}, {"c": 10.0, "d": 10.2}),
+    ]
+    # no variant was retimed in both cells: the first timings decide ("a": 4.5% off on average)
+    (point,) = verdicts(cells)
+    assert point.variant == "a" and point.timings == 2
+
+
+def test_rows_take_the_retimed_verdict(spec):
+    cells = _cells()
+    index = next(
+        i for i, c in enumerate(cells)
+        if (c.tokens, c.mode, c.HV, c.batch) == (1, "update", 64, 64)
+    )  # fmt: skip
+    # LARGE_V wins the first timing by 2%; the retime has it 10% behind SMALL_V
+    cells[index] = cells[index].model_copy(
+        update={
+            "times_us": {SMALL_V: 37.0, LARGE_V: 36.27},
+            "retimed_us": [{SMALL_V: 36.0, LARGE_V: 39.6}],
+        }
+    )
+    rows = tuned_rows(_tuning(spec, cells=cells), spec, "t.yaml")
+    t1 = [r for r in rows if r["tokens"] == (1, 3) and r["intermediate"] == "no"]
+    (row,) = [r for r in t1 if r["batch_heads"][0] <= 4096 <= (r["batch_heads"][1] or 1 << 30)]
+    assert row["variant"] == SMALL_V and "2 timings of 1 cell" in row["source"]
+
+
+def test_retime_times_the_contenders_of_every_timing_the_spec_still_has(spec):
+    cell = Cell(
+        layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=64, batch=1,
+        times_us={SMALL_V: 10.0, LARGE_V: 10.6, "kl_bf16_tv4_ilp1_vec8_tpg16_sm90": 10.1},
+    )  # fmt: skip
+    assert retime_names(cell, spec) == [SMALL_V]  # LARGE_V is 6% behind; tv4 is not in the spec
+    assert retime_names(_retimed(cell, {SMALL_V: 10.0, LARGE_V: 10.2}), spec) == [SMALL_V, LARGE_V]
 
 
 def test_rows_cover_every_token_count_and_both_modes(spec):
@@ -184,6 +296,14 @@ def test_unknown_variant_is_reported(spec, tmp_path):
         load_tuning(path, spec)
 
 
+def test_unknown_variant_in_a_retime_is_reported(spec, tmp_path):
+    cells = _cells()
+    cells[0] = _retimed(cells[0], {SMALL_V: 1.0, "kl_bf16_tv4_ilp1_vec8_tpg16_sm90": 1.1})
+    path = _write(tmp_path, _tuning(spec, cells=cells))
+    with pytest.raises(TuningError, match="names variants the spec does not have: kl_bf16_tv4"):
+        load_tuning(path, spec)
+
+
 def test_malformed_tuning_file_names_the_file_and_field(spec, tmp_path):
     path = tmp_path / "bad.tuning.yaml"
     path.write_text("target: mini\ncells: 3\n")
@@ -216,6 +336,35 @@ def test_merge_keeps_cells_not_remeasured(spec):
     merged = merge(old, new, spec)
     assert len(merged.cells) == len(old.cells)
     assert fresh_cell in merged.cells and old.cells[0] not in merged.cells
+
+
+def test_a_retime_keeps_the_header_and_names_each_run_once(spec):
+    old = _tuning(spec)
+    retimed = _retimed(old.cells[0], {SMALL_V: 3.0, LARGE_V: 3.2})
+    record = "2026-11-22 15:04 NVIDIA H100 80GB HBM3: gdngen tune specs/mini.yaml --retime"
+    new = _tuning(spec, date="2026-12-01", command="gdngen tune --retime", cells=[retimed])
+    merged = merge(old, new, spec, retimed_by=record)
+    assert (merged.date, merged.command) == (old.date, old.command)  # what measured the cells
+    assert merged.retimed == [record]
+    assert len(merged.cells) == len(old.cells) and retimed in merged.cells
+    # the next pair or token count of the same run: the run is named once
+    again = merge(merged, new.model_copy(update={"cells": [old.cells[1]]}), spec, retimed_by=record)
+    assert again.retimed == [record]
+    with pytest.raises(TuneError, match="same GPU model"):
+        merge(old, new.model_copy(update={"gpu": "NVIDIA H200"}), spec, retimed_by=record)
+
+
+def test_cli_retime_needs_the_tuning_file(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mini.yaml").write_text(to_yaml(SMALL))
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "tune", "specs/mini.yaml", "--retime"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--retime adds timings to the cells of specs/mini.tuning.yaml" in run.stderr
+    assert "does not exist" in run.stderr
 
 
 def _with_variant(variant: dict):
@@ -352,8 +501,9 @@ def test_shortlist_ranks_each_solve_family_against_itself():
 
 def test_committed_tuning_matches_the_committed_dispatch():
     """specs/h200.tuning.yaml is valid for specs/h200.yaml, and for every measured cell the
-    committed dispatch picks the variant measured fastest there (cells sharing a B*HV are
-    decided by their summed time, so allow the runner-up a 1% edge in those)."""
+    committed dispatch picks a variant whose mean gap to the fastest over the cell's timings is
+    within 1% of the least such gap (cells sharing a B*HV are decided together, so one of them
+    may give up a little)."""
     spec = load_spec(ROOT / "specs" / "h200.yaml")
     tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec)
     assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
@@ -363,8 +513,11 @@ def test_committed_tuning_matches_the_committed_dispatch():
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
         )  # fmt: skip
         assert row.source.startswith("tuned specs/h200.tuning.yaml"), row
-        best = min(cell.times_us.values())
-        assert cell.times_us[row.variant] <= best * 1.01, (cell, row.variant)
+        mean = {}
+        for name in set.intersection(*(set(times) for times in cell.timings)):
+            gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
+            mean[name] = sum(gaps) / len(gaps)
+        assert mean[row.variant] <= min(mean.values()) + 0.01, (cell, row.variant)
 
 
 def test_settle_confirms_close_contenders_with_their_slower_timing():

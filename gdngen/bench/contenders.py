@@ -2,7 +2,7 @@
 
 ``--variants`` picks them: a fixed list of names, ``candidates`` (every variant of the cell's
 layout and state dtype) or ``contenders`` (the variants the tuning file timed within a margin of
-the cell's best: the ones that could be the fastest in this run too). Timed side by side with the
+the cell's best in any of its timings: the ones that could be the fastest in this run too). Timed side by side with the
 dispatched call on the same inputs, they show whether the dispatch picked the fastest variant.
 """
 
@@ -47,13 +47,6 @@ def tuned_cell(tuning: TuningFile, problem: Problem) -> Cell | None:
     return None
 
 
-def within_margin(cell: Cell, margin: float) -> list[str]:
-    """The variants of ``cell`` timed within ``margin`` of its best, fastest first."""
-    best = min(cell.times_us.values())
-    ranked = sorted(cell.times_us.items(), key=lambda item: (item[1], item[0]))
-    return [name for name, us in ranked if us <= best * (1 + margin)]
-
-
 def picker(
     choice: str,
     target: ModuleType,
@@ -95,7 +88,7 @@ def picker(
                     pair_variants(target, problem.layout, problem.state_dtype),
                     "cell not in the tuning file: every variant of the layout and state dtype",
                 )
-            names = [name for name in within_margin(cell, margin) if name in known]
+            names = [name for name in cell.within(margin) if name in known]
             return names, f"within {100 * margin:g}% of the best in {tuning_path.name}"
 
         return contenders

@@ -4,6 +4,12 @@ All candidates of a cell run over the same rotating input sets and are timed sid
 (interleaved, see gdngen.bench.timing); each is checked against the float64 reference before it
 is timed, so a wrong kernel can never win a cell, and the close ones are timed twice, so a lucky
 sample cannot either.
+
+A ranking can also swing between processes: on one H200, a variant was 4% ahead of the rest in
+some processes and 5% behind in others, steady within each. ``gdngen tune --retime`` times the contenders of the cells
+already in the file once more, in its own process and on whatever GPU it gets, and adds that
+timing to each cell; the dispatch then takes, per cell, the variant whose mean gap to the
+fastest over all timings is least (see gdngen.tune.tuning_file.verdicts).
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from .tuning_file import Cell, TuningFile, pair_key, pair_sha256, stale_pairs
 CHECK_TOL = 5e-3
 #: variants within this factor of a cell's best are timed twice (see settle)
 CONFIRM_FACTOR = 1.03
+#: --retime times the variants within this margin of a cell's best in any of its timings: wider
+#: than the swings seen between processes and GPUs of one model (up to 4%)
+RETIME_MARGIN = 0.05
 
 
 class TuneError(RuntimeError):
@@ -93,14 +102,12 @@ def shortlist(cells: list[Cell], factor: float, family: dict[str, str] | None = 
     """
     family = family or {}
     keep = set()
-    for cell in cells:
+    for times in (times for cell in cells for times in cell.timings):
         best: dict[str, float] = {}
-        for name, us in cell.times_us.items():
+        for name, us in times.items():
             kind = family.get(name, "")
             best[kind] = min(us, best.get(kind, us))
-        keep |= {
-            name for name, us in cell.times_us.items() if us <= best[family.get(name, "")] * factor
-        }
+        keep |= {name for name, us in times.items() if us <= best[family.get(name, "")] * factor}
     return sorted(keep)
 
 
@@ -116,6 +123,12 @@ def earlier_first_token_cells(earlier: TuningFile | None, spec: Spec, gpu: str) 
     ]
 
 
+def retime_names(cell: Cell, spec: Spec) -> list[str]:
+    """The variants ``--retime`` times again in ``cell``: those within RETIME_MARGIN of the best
+    in any of its timings that the spec still has."""
+    return [name for name in cell.within(RETIME_MARGIN) if name in spec.variants_by_name]
+
+
 def tune(
     spec: Spec,
     argv: list[str],
@@ -124,8 +137,15 @@ def tune(
     tokens: tuple[int, ...] | None = None,
     replays: int = 15,
     earlier: TuningFile | None = None,
+    retime: bool = False,
     progress: TextIO = sys.stderr,
 ) -> TuningFile:
+    """Time the candidates of every cell of the spec's tuning grid (or of ``pairs`` and
+    ``tokens``), as a tuning file of the cells measured.
+
+    With ``retime``, only cells already in ``earlier`` are timed, and only their contenders
+    (:func:`retime_names`); each comes back as the earlier cell with the new timing added.
+    """
     if spec.tuning is None:
         raise TuneError("the spec has no `tuning:` section (the grid to measure)")
     grid = spec.tuning
@@ -141,6 +161,18 @@ def tune(
     measured_pairs = list(pairs or spec.served)
     run_tokens = sorted(tokens or grid.tokens)
     earlier_first = [] if 1 in run_tokens else earlier_first_token_cells(earlier, spec, gpu)
+    if retime and (earlier is None or earlier.gpu != gpu):
+        raise TuneError(
+            "--retime adds timings to the cells of a tuning file measured on this GPU model; "
+            + ("there is none" if earlier is None else f"the file's are from {earlier.gpu!r}")
+        )
+    # (cells of pairs whose variants changed since are stale: those are not added to)
+    stale = stale_pairs(earlier, spec) if retime else {}
+    earlier_cells = {
+        _cell_key(c): c
+        for c in (earlier.cells if retime else [])
+        if pair_key(c.layout, c.state_dtype) not in stale
+    }
     for layout, state_dtype in measured_pairs:
         candidates = sorted(
             name
@@ -162,24 +194,40 @@ def tune(
                 for HV in grid.heads:
                     g = geometry_by_heads[HV]
                     for B in grid.batch:
+                        where = f"{layout} {state_dtype} T={T} {mode:6s} HV={HV:3d} B={B:4d}"
+                        key = (layout, state_dtype, T, mode, HV, B)
+                        timed = names
+                        if retime:
+                            before = earlier_cells.get(key)
+                            timed = retime_names(before, spec) if before else []
+                            if len(timed) < 2:
+                                why = "one contender" if before else "not in the file"
+                                print(f"{where}: {why}, not retimed", file=progress, flush=True)
+                                continue
                         problem = Problem(
                             batch=B, tokens=T, H=g.H, HV=HV, K=g.K, V=g.V, layout=layout,
                             state_dtype=state_dtype, pool_size=B,
                             cache_steps=T if mode == "verify" else None,
                             disable_state_update=mode == "verify",
                         )  # fmt: skip
-                        times = time_variants(spec.target, problem, names, replays=replays)
-                        cell = Cell(
-                            layout=layout, state_dtype=state_dtype, tokens=T, mode=mode, HV=HV,
-                            batch=B, times_us={n: round(us, 2) for n, us in times.items()},
-                        )  # fmt: skip
+                        times = time_variants(spec.target, problem, timed, replays=replays)
+                        rounded = {n: round(us, 2) for n, us in times.items()}
+                        if retime:
+                            cell = before.model_copy(
+                                update={"retimed_us": [*before.retimed_us, rounded]}
+                            )
+                        else:
+                            cell = Cell(
+                                layout=layout, state_dtype=state_dtype, tokens=T, mode=mode,
+                                HV=HV, batch=B, times_us=rounded,
+                            )  # fmt: skip
                         cells.append(cell)
                         if T == 1:
                             first_cells.append(cell)
                         best = min(times, key=times.get)
                         print(
-                            f"{time.time() - started:6.0f}s {layout} {state_dtype} T={T} {mode:6s} "
-                            f"HV={HV:3d} B={B:4d}: best {best} {times[best]:.2f} us of {len(times)}",
+                            f"{time.time() - started:6.0f}s {where}: best {best} "
+                            f"{times[best]:.2f} us of {len(times)}",
                             file=progress,
                             flush=True,
                         )
@@ -197,14 +245,25 @@ def tune(
     )
 
 
-def merge(old: TuningFile | None, new: TuningFile, spec: Spec) -> TuningFile:
+def merge(
+    old: TuningFile | None, new: TuningFile, spec: Spec, *, retimed_by: str | None = None
+) -> TuningFile:
     """``new`` plus the cells of ``old`` that it did not re-measure and that still hold.
 
     A cell of ``old`` still holds when it was measured on the same GPU and its pair's variants
     are unchanged in ``spec`` (same :func:`pair_sha256`); cells of stale pairs are dropped, as
     ``gdngen emit`` would refuse them. ``new`` may re-measure only some cells of a pair (e.g.
     one token count); the pair's other cells are kept if the pair is still fresh.
+
+    ``retimed_by`` (the line :func:`retime_record` made for a ``--retime`` run) says that ``new``
+    only added timings to cells of ``old``: the header (what first measured them) stays ``old``'s
+    and the line is added to its ``retimed`` list once.
     """
+    if retimed_by is not None:
+        if old is None or old.gpu != new.gpu:
+            raise TuneError("a --retime run adds to a tuning file of the same GPU model")
+        retimed = old.retimed if retimed_by in old.retimed else [*old.retimed, retimed_by]
+        new = old.model_copy(update={"cells": new.cells, "retimed": retimed})
     if old is None or old.gpu != new.gpu:
         return new
     stale = stale_pairs(old, spec)
@@ -218,6 +277,13 @@ def merge(old: TuningFile | None, new: TuningFile, spec: Spec) -> TuningFile:
     hashes = {key: sha for key, sha in old.variants_sha256.items() if key in kept_pairs}
     hashes.update(new.variants_sha256)
     return new.model_copy(update={"cells": kept + list(new.cells), "variants_sha256": hashes})
+
+
+def retime_record(gpu: str, uuid: str | None, argv: list[str]) -> str:
+    """The line a --retime run adds to the file's ``retimed`` list: when, on which GPU (its UUID
+    tells whether the run had the same physical GPU as an earlier one) and how."""
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return f"{when} {gpu}{f' ({uuid})' if uuid else ''}: gdngen {shlex.join(argv)}"
 
 
 def _cell_key(cell: Cell) -> tuple:

@@ -3,7 +3,12 @@ next to the spec. ``gdngen emit`` turns them into dispatch rows (:func:`tuned_ro
 
 A cell is (layout, state dtype, T, mode, HV, B). Within one (layout, dtype, mode, T) group the
 rows are keyed on batch*heads: the measured points become ranges split at the geometric midpoint
-between neighbours, and each range is served by the variant with the least total time there.
+between neighbours, and each range is served by the variant whose mean gap to the fastest, over
+every timing of the cells at that point, is least (with one timing: the fastest variant). A cell
+holds one timing from `gdngen tune` and one more per `gdngen tune --retime` run. Some variants
+swing between processes by several percent (fast in one, slow in the next, steady within each):
+each timing is then one sample of what a process gets, and the mean gap estimates what a pick
+costs a deployment on average, where one run alone would crown whichever side it happened to see.
 T values between measured ones use the table of the nearest measured T below.
 """
 
@@ -13,6 +18,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -39,10 +45,27 @@ class Cell(_Strict):
     batch: int = Field(gt=0)
     #: microseconds per call of each candidate variant
     times_us: dict[str, float]
+    #: later timings of the cell's contenders, one per `gdngen tune --retime` run
+    retimed_us: list[dict[str, float]] = []
 
     @property
     def batch_heads(self) -> int:
         return self.batch * self.HV
+
+    @property
+    def timings(self) -> list[dict[str, float]]:
+        """Every timing of the cell, the first (all candidates) first."""
+        return [self.times_us, *self.retimed_us]
+
+    def within(self, margin: float) -> list[str]:
+        """The variants within ``margin`` of the fastest in at least one of the cell's timings,
+        in the order of the first timing (fastest first)."""
+        near = set()
+        for times in self.timings:
+            best = min(times.values())
+            near |= {name for name, us in times.items() if us <= best * (1 + margin)}
+        ranked = sorted(self.times_us.items(), key=lambda item: (item[1], item[0]))
+        return [name for name, _ in ranked if name in near]
 
 
 class TuningFile(_Strict):
@@ -55,6 +78,8 @@ class TuningFile(_Strict):
     variants_sha256: dict[str, str]
     copy_bw_tbps: float
     versions: dict[str, str | None] = {}
+    #: one line (start time, GPU, command) per `gdngen tune --retime` run that added timings
+    retimed: list[str] = []
     cells: list[Cell]
 
 
@@ -132,12 +157,13 @@ def load_tuning(path: Path, spec: Spec) -> TuningFile:
     if expected_gpu and expected_gpu.lower() not in tuning.gpu.lower():
         problems.append(f"measured on {tuning.gpu!r}; the spec's tuning.gpu is {expected_gpu!r}")
     known = set(spec.variants_by_name)
-    unknown = sorted({name for cell in tuning.cells for name in cell.times_us} - known)
+    timed = {name for cell in tuning.cells for times in cell.timings for name in times}
+    unknown = sorted(timed - known)
     if unknown:
         problems.append(f"names variants the spec does not have: {', '.join(unknown)}")
     problems.extend(stale_pairs(tuning, spec).values())
     for cell in tuning.cells:
-        for name in cell.times_us:
+        for name in sorted({name for times in cell.timings for name in times}):
             variant = spec.variants_by_name.get(name)
             if variant and (variant.layout, variant.state_dtype) != (cell.layout, cell.state_dtype):
                 problems.append(
@@ -163,7 +189,13 @@ _HEADER_FIELDS = (
     "variants_sha256",
     "copy_bw_tbps",
     "versions",
+    "retimed",
 )
+
+
+def _flow(times: dict[str, float]) -> str:
+    """One timing as a one-line YAML mapping, names sorted."""
+    return "{" + ", ".join(f"{name}: {us:.2f}" for name, us in sorted(times.items())) + "}"
 
 
 def dump_tuning(tuning: TuningFile) -> str:
@@ -174,7 +206,8 @@ def dump_tuning(tuning: TuningFile) -> str:
         key=lambda c: (c["layout"], c["state_dtype"], c["mode"], c["tokens"], c["HV"], c["batch"]),
     )
     data["variants_sha256"] = dict(sorted(data["variants_sha256"].items()))
-    header = {field: data[field] for field in _HEADER_FIELDS}
+    # `retimed` only once a --retime run has added timings: files without any stay as they were
+    header = {field: data[field] for field in _HEADER_FIELDS if field != "retimed" or data[field]}
     lines = [
         f"# Measured by `{tuning.command}`; do not edit by hand.",
         "# `gdngen emit` turns these timings (microseconds per call) into dispatch rows.",
@@ -182,28 +215,90 @@ def dump_tuning(tuning: TuningFile) -> str:
         "cells:",
     ]
     for cell in cells:
-        times = ", ".join(f"{name}: {us:.2f}" for name, us in sorted(cell["times_us"].items()))
         lines.append(
             f"  - {{layout: {cell['layout']}, state_dtype: {cell['state_dtype']}, "
             f"tokens: {cell['tokens']}, mode: {cell['mode']}, HV: {cell['HV']}, "
             f"batch: {cell['batch']},"
         )
-        lines.append(f"     times_us: {{{times}}}}}")
+        retimed = cell["retimed_us"]
+        lines.append(f"     times_us: {_flow(cell['times_us'])}" + ("," if retimed else "}"))
+        if retimed:
+            lines.append(f"     retimed_us: [{', '.join(_flow(t) for t in retimed)}]}}")
     return "\n".join(lines) + "\n"
 
 
-def _winners(cells: list[Cell]) -> list[tuple[int, str, float, float | None, str | None]]:
-    """(batch_heads, best variant, its total us, runner-up total, runner-up) per measured point."""
-    totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+@dataclass(frozen=True)
+class Verdict:
+    """The variant that serves one measured B*HV, and why."""
+
+    batch_heads: int
+    variant: str
+    #: the variant's summed first-timing microseconds over the cells at this point
+    total_us: float
+    #: its mean and its worst gap to the fastest variant (0.01 = 1% slower) over every timing there
+    mean_gap: float
+    worst_gap: float
+    #: the runner-up, its total and its mean gap (None with one candidate)
+    runner_up: str | None
+    runner_up_us: float | None
+    runner_up_gap: float | None
+    #: how many cells are at this point, and how many timings they hold together
+    cells: int
+    timings: int
+
+    def evidence(self) -> str:
+        """The row's `source` text for this point."""
+        head = f"B*HV={self.batch_heads}: {self.total_us:.2f} us"
+        if self.timings == 1:
+            return head + (
+                f" (next {self.runner_up} {self.runner_up_us:.2f} us)" if self.runner_up else ""
+            )
+        head += (
+            f", off the fastest by {self.mean_gap:+.1%} on average and {self.worst_gap:+.1%} at "
+            f"most in {self.timings} timings of {self.cells} cell{'s' if self.cells > 1 else ''}"
+        )
+        return head + (
+            f" (next {self.runner_up} {self.runner_up_gap:+.1%})" if self.runner_up else ""
+        )
+
+
+def verdicts(cells: list[Cell]) -> list[Verdict]:
+    """Per measured B*HV, the variant whose mean gap to the fastest is least over every timing of
+    the cells there (ties: least worst gap, then least summed first-timing time, then name).
+
+    Only variants timed in all those timings compete (a --retime run times a cell's contenders
+    only); if none is, the first timings alone decide.
+    """
+    by_point: dict[int, list[Cell]] = defaultdict(list)
     for cell in cells:
-        for name, us in cell.times_us.items():
-            totals[cell.batch_heads][name] += us
+        by_point[cell.batch_heads].append(cell)
     points = []
-    for batch_heads in sorted(totals):
-        ranked = sorted(totals[batch_heads].items(), key=lambda item: (item[1], item[0]))
-        best, best_us = ranked[0]
-        second, second_us = ranked[1] if len(ranked) > 1 else (None, None)
-        points.append((batch_heads, best, best_us, second_us, second))
+    for batch_heads in sorted(by_point):
+        at_point = by_point[batch_heads]
+        timings = [times for cell in at_point for times in cell.timings]
+        if not set.intersection(*(set(times) for times in timings)):
+            timings = [cell.times_us for cell in at_point]
+        names = set.intersection(*(set(times) for times in timings))
+        fastest = [min(times.values()) for times in timings]
+
+        def score(name: str) -> tuple[float, float, float, str]:
+            gaps = [times[name] / best - 1 for times, best in zip(timings, fastest)]
+            total = sum(cell.times_us[name] for cell in at_point)
+            return sum(gaps) / len(gaps), max(gaps), total, name
+
+        ranked = sorted(score(name) for name in names)
+        mean_gap, worst_gap, total, best = ranked[0]
+        next_gap, _, next_total, runner_up = (
+            ranked[1] if len(ranked) > 1 else (None, None, None, None)
+        )
+        points.append(
+            Verdict(
+                batch_heads=batch_heads, variant=best, total_us=total, mean_gap=mean_gap,
+                worst_gap=worst_gap,
+                runner_up=runner_up, runner_up_us=next_total, runner_up_gap=next_gap,
+                cells=len(at_point), timings=len(timings),
+            )  # fmt: skip
+        )
     return points
 
 
@@ -229,16 +324,14 @@ def tuned_rows(tuning: TuningFile, spec: Spec, tuning_name: str) -> list[dict]:
                 )
                 if mode == "verify" and index == 0:
                     lo_t = 1
-                points = _winners(groups[(layout, state_dtype, mode, tokens)])
+                points = verdicts(groups[(layout, state_dtype, mode, tokens)])
                 merged: list[list] = []  # [lo, hi, variant, evidence]
-                for position, (batch_heads, best, best_us, second_us, second) in enumerate(points):
+                for position, point in enumerate(points):
+                    batch_heads, best, evidence = point.batch_heads, point.variant, point.evidence()
                     lo = (
                         1
                         if position == 0
-                        else math.isqrt(points[position - 1][0] * batch_heads) + 1
-                    )
-                    evidence = f"B*HV={batch_heads}: {best_us:.2f} us" + (
-                        f" (next {second} {second_us:.2f} us)" if second else ""
+                        else math.isqrt(points[position - 1].batch_heads * batch_heads) + 1
                     )
                     if merged and merged[-1][2] == best:
                         merged[-1][3].append(evidence)

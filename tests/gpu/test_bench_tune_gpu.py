@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from gdngen.spec import parse_spec
+from gdngen.tune.measure import retime_names
 from gdngen.tune.tuning_file import load_tuning, tuned_rows
 
 pytestmark = pytest.mark.gpu
@@ -56,6 +57,27 @@ def test_tune_small_grid_feeds_emit(tmp_path):
         assert cell.times_us and all(us > 0 for us in cell.times_us.values())
     rows = tuned_rows(tuning, spec, "h200.tuning.yaml")
     assert {row["intermediate"] for row in rows} == {"no", "yes"}
+
+    # --retime: a second process times each cell's contenders again and adds that timing
+    run = _gdngen("tune", str(spec_path), "--pairs", "k_last/bf16", "--replays", "3", "--out", str(out), "--retime")
+    assert run.returncode == 0, run.stderr
+    again = load_tuning(out, spec)
+    assert (again.date, again.command) == (tuning.date, tuning.command)
+    assert len(again.retimed) == 1 and "--retime" in again.retimed[0]
+    before = {(c.tokens, c.mode, c.batch): c for c in tuning.cells}
+    retimed = 0
+    for cell in again.cells:
+        first = before[(cell.tokens, cell.mode, cell.batch)]
+        assert cell.times_us == first.times_us
+        names = retime_names(first, spec)
+        if len(names) < 2:
+            assert cell.retimed_us == []
+        else:
+            (timing,) = cell.retimed_us
+            assert sorted(timing) == sorted(names) and all(us > 0 for us in timing.values())
+            retimed += 1
+    assert retimed > 0
+    tuned_rows(again, spec, "h200.tuning.yaml")
 
 
 def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):
