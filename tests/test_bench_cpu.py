@@ -1,6 +1,7 @@
 """`gdngen bench` without a GPU: which variants it times beside the dispatched call, its
 argument errors, and the dispatch columns of its report."""
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,7 +15,7 @@ from gdngen.bench.contenders import (
     picker,
     tuned_cell,
 )
-from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess, markdown
+from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess, dump_record, markdown
 from gdngen.bench.run import Result
 from gdngen.problem import Problem
 from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning, read_tuning
@@ -194,3 +195,17 @@ def test_report_shows_the_fastest_variant_and_counts_the_cells_within_tolerance(
 def test_report_without_single_variants_has_no_dispatch_columns():
     table = markdown([_result("gdngen", 10.0, variant="v1")], META)
     assert "vs fastest" not in table and "### Dispatch" not in table
+
+
+def test_bench_record_is_json_with_one_result_per_line():
+    record = {
+        "meta": {"gpu": "NVIDIA H200", "copy_bw": 4.25e12},
+        "results": [{"impl": "gdngen", "us": 3.5}, {"impl": "flashinfer", "us": None}],
+        "note": "cut off",
+    }
+    text = dump_record(record)
+    assert json.loads(text) == record
+    lines = text.splitlines()
+    assert '  {"impl": "gdngen", "us": 3.5},' in lines
+    assert '  {"impl": "flashinfer", "us": null}' in lines
+    assert json.loads(dump_record({"meta": {}, "results": []})) == {"meta": {}, "results": []}

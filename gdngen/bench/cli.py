@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import shlex
 import sys
 from dataclasses import asdict
@@ -82,7 +81,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
         print("gdngen bench: needs a CUDA GPU", file=sys.stderr)
         return 2
     from .impls import FLA, FlashInfer
-    from .report import environment, markdown
+    from .report import dump_record, environment, markdown
     from .run import grid, run_grid
     from .timing import copy_bandwidth
 
@@ -126,9 +125,8 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     table = markdown(results, meta)
     print(table)
     if args.out:
-        Path(f"{args.out}.json").write_text(
-            json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=1) + "\n"
-        )
+        record = {"meta": meta, "results": [asdict(r) for r in results]}
+        Path(f"{args.out}.json").write_text(dump_record(record))
         Path(f"{args.out}.md").write_text(table + "\n")
         Path(f"{args.out}.jsonl").unlink(missing_ok=True)
     return 0

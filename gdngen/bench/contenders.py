@@ -2,8 +2,9 @@
 
 ``--variants`` picks them: a fixed list of names, ``candidates`` (every variant of the cell's
 layout and state dtype) or ``contenders`` (the variants the tuning file timed within a margin of
-the cell's best in any of its timings: the ones that could be the fastest in this run too). Timed side by side with the
-dispatched call on the same inputs, they show whether the dispatch picked the fastest variant.
+the cell's best in any of its timings: the ones that could be the fastest in this run too).
+Timed side by side with the dispatched call on the same inputs, they show whether the dispatch
+picked the fastest variant.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import subprocess
@@ -14,6 +15,14 @@ from .run import Result
 
 PEER_TITLES = {"flashinfer": "FlashInfer", "fla": "FLA"}
 LAYOUT_TITLES = {"k_last": "K-last [B,HV,V,K]", "v_last": "V-last [B,HV,K,V]"}
+
+
+def dump_record(record: dict) -> str:
+    """A bench record (``meta``, ``results`` and any notes) as JSON with one result per line:
+    smaller than an indented dump, and a re-run's diff names the cells that moved."""
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in record.items() if k != "results"]
+    rows = ",\n".join(f"  {json.dumps(result)}" for result in record["results"])
+    return "{\n" + ",\n".join(head + [f' "results": [\n{rows}\n ]']) + "\n}\n"
 
 
 def environment() -> dict:

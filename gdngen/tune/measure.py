@@ -6,9 +6,9 @@ is timed, so a wrong kernel can never win a cell, and the close ones are timed t
 sample cannot either.
 
 A ranking can also swing between processes: on one H200, a variant was 4% ahead of the rest in
-some processes and 5% behind in others, steady within each. ``gdngen tune --retime`` times the contenders of the cells
-already in the file once more, in its own process and on whatever GPU it gets, and adds that
-timing to each cell; the dispatch then takes, per cell, the variant whose mean gap to the
+some processes and 5% behind in others, steady within each. ``gdngen tune --retime`` times the
+contenders of the cells already in the file once more, in its own process and on whatever GPU
+it gets, and adds that timing to each cell; the dispatch then takes, per cell, the variant whose mean gap to the
 fastest over all timings is least (see gdngen.tune.tuning_file.verdicts).
 """
 

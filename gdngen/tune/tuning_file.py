@@ -276,9 +276,10 @@ def verdicts(cells: list[Cell]) -> list[Verdict]:
     for batch_heads in sorted(by_point):
         at_point = by_point[batch_heads]
         timings = [times for cell in at_point for times in cell.timings]
-        if not set.intersection(*(set(times) for times in timings)):
+        names = set.intersection(*map(set, timings))
+        if not names:
             timings = [cell.times_us for cell in at_point]
-        names = set.intersection(*(set(times) for times in timings))
+            names = set.intersection(*map(set, timings))
         fastest = [min(times.values()) for times in timings]
 
         def score(name: str) -> tuple[float, float, float, str]:

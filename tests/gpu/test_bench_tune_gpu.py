@@ -59,7 +59,10 @@ def test_tune_small_grid_feeds_emit(tmp_path):
     assert {row["intermediate"] for row in rows} == {"no", "yes"}
 
     # --retime: a second process times each cell's contenders again and adds that timing
-    run = _gdngen("tune", str(spec_path), "--pairs", "k_last/bf16", "--replays", "3", "--out", str(out), "--retime")
+    run = _gdngen(
+        "tune", str(spec_path), "--pairs", "k_last/bf16", "--replays", "3", "--out", str(out),
+        "--retime",
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     again = load_tuning(out, spec)
     assert (again.date, again.command) == (tuning.date, tuning.command)
