@@ -354,6 +354,20 @@ def test_a_retime_keeps_the_header_and_names_each_run_once(spec):
         merge(old, new.model_copy(update={"gpu": "NVIDIA H200"}), spec, retimed_by=record)
 
 
+def test_a_tune_merged_after_a_retime_keeps_the_retime_record_while_its_cells_are_kept(spec):
+    record = "2026-11-22 15:04 NVIDIA H100 80GB HBM3: gdngen tune specs/mini.yaml --retime"
+    cells = _cells()
+    cells[0] = _retimed(cells[0], {SMALL_V: 3.0, LARGE_V: 3.2})
+    old = _tuning(spec, cells=cells, retimed=[record])
+    # A plain tune of one other cell: the retimed cell is kept, and so is the line naming its run.
+    remeasured = cells[1].model_copy(update={"times_us": {SMALL_V: 1.0, LARGE_V: 2.0}})
+    merged = merge(old, _tuning(spec, date="2026-12-01", cells=[remeasured]), spec)
+    assert cells[0] in merged.cells and merged.retimed == [record]
+    # Re-measuring the retimed cell itself replaces it, and the record goes with it.
+    fresh = cells[0].model_copy(update={"times_us": {SMALL_V: 3.1, LARGE_V: 3.3}, "retimed_us": []})
+    assert merge(merged, _tuning(spec, cells=[fresh]), spec).retimed == []
+
+
 def test_cli_retime_needs_the_tuning_file(tmp_path):
     specs = tmp_path / "specs"
     specs.mkdir()

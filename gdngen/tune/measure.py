@@ -276,7 +276,12 @@ def merge(
     kept_pairs = {pair_key(c.layout, c.state_dtype) for c in kept}
     hashes = {key: sha for key, sha in old.variants_sha256.items() if key in kept_pairs}
     hashes.update(new.variants_sha256)
-    return new.model_copy(update={"cells": kept + list(new.cells), "variants_sha256": hashes})
+    # The runs that retimed kept cells stay named in the header, before those of ``new``.
+    retimed = old.retimed if any(c.retimed_us for c in kept) else []
+    retimed = retimed + [line for line in new.retimed if line not in retimed]
+    return new.model_copy(
+        update={"cells": kept + list(new.cells), "variants_sha256": hashes, "retimed": retimed}
+    )
 
 
 def retime_record(gpu: str, uuid: str | None, argv: list[str]) -> str:
