@@ -2,9 +2,15 @@
 specs from (so that tuning specs/h200.yaml does not move the indices the validation tests poke)."""
 
 import copy
+import difflib
 from pathlib import Path
 
 import yaml
+
+from gdngen.emit.plan import plan_target
+from gdngen.emit.render import render
+from gdngen.spec import parse_spec
+from gdngen.spec.model import Variant
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_REL = "specs/h200.yaml"
@@ -60,3 +66,41 @@ def h200_dict() -> dict:
 
 def to_yaml(data: object) -> str:
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def kernel_text(variant: dict) -> str:
+    """The emitted module of one variant (knobs as in a spec), from a one-variant sm_90a spec."""
+    name = Variant(**variant).name_for("sm_90a")
+    spec = parse_spec(
+        to_yaml(
+            {
+                "target": "mini",
+                "sm": "sm_90a",
+                "geometries": [{"name": "g", "H": 16, "HV": 32, "K": 128, "V": 128}],
+                "variants": [variant],
+                "dispatch": [
+                    {"layout": variant["layout"], "state_dtype": variant["state_dtype"],
+                     "tokens": [1, 8], "batch_heads": [1, None], "use": name},
+                ],
+            }  # fmt: skip
+        ),
+        "specs/mini.yaml",
+    )
+    (planned,) = [
+        p for p in plan_target(spec, "specs/mini.yaml") if p.relpath.endswith(f"{name}.py")
+    ]
+    return render(planned)
+
+
+def changed_code_lines(before: str, after: str) -> list[str]:
+    """Changed lines below the module docstring (the header hash and the docstring, which names
+    the variant and describes its knobs, change with any knob)."""
+
+    def code(text: str) -> list[str]:
+        return text.split('"""', 2)[2].splitlines()
+
+    return [
+        line
+        for line in difflib.unified_diff(code(before), code(after), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]

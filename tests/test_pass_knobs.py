@@ -1,15 +1,10 @@
 """The unroll_passes, min_ctas_per_sm and state cache knobs, without a GPU: their checks, names, and
 that each changes only the lines of the emitted kernel it is about."""
 
-import difflib
-
 import pytest
 
-from gdngen.emit.plan import plan_target
-from gdngen.emit.render import render
-from gdngen.spec import parse_spec
 from gdngen.spec.model import Variant
-from tests.spec_helpers import to_yaml
+from tests.spec_helpers import changed_code_lines, kernel_text
 
 STAGED = dict(
     layout="k_last", state_dtype="bf16", tile_v=128, ilp=4, row_passes=4, vec=8,
@@ -20,41 +15,7 @@ NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_staged_sm90"
 
 def _kernel_text(**knobs) -> str:
     """The emitted module of the STAGED variant with ``knobs`` changed, in a one-variant spec."""
-    variant = {**STAGED, **knobs}
-    name = Variant(**variant).name_for("sm_90a")
-    spec = parse_spec(
-        to_yaml(
-            {
-                "target": "mini",
-                "sm": "sm_90a",
-                "geometries": [{"name": "g", "H": 16, "HV": 32, "K": 128, "V": 128}],
-                "variants": [variant],
-                "dispatch": [
-                    {"layout": "k_last", "state_dtype": "bf16", "tokens": [1, 8],
-                     "batch_heads": [1, None], "use": name},
-                ],
-            }  # fmt: skip
-        ),
-        "specs/mini.yaml",
-    )
-    (planned,) = [
-        p for p in plan_target(spec, "specs/mini.yaml") if p.relpath.endswith(f"{name}.py")
-    ]
-    return render(planned)
-
-
-def _changed_code_lines(before: str, after: str) -> list[str]:
-    """Changed lines below the module docstring (the header hash and the docstring, which names
-    the variant and describes its knobs, change with any knob)."""
-
-    def code(text: str) -> list[str]:
-        return text.split('"""', 2)[2].splitlines()
-
-    return [
-        line
-        for line in difflib.unified_diff(code(before), code(after), lineterm="", n=0)
-        if line[:1] in "+-" and not line.startswith(("+++", "---"))
-    ]
+    return kernel_text({**STAGED, **knobs})
 
 
 def test_names():
@@ -92,7 +53,7 @@ def test_unroll_passes_changes_only_the_pass_loop():
     rolled, unrolled = _kernel_text(), _kernel_text(unroll_passes=True)
     assert "for row_pass in cutlass.range(ROW_PASSES, unroll=1):" in rolled
     assert "for row_pass in cutlass.range_constexpr(ROW_PASSES):" in unrolled
-    changed = _changed_code_lines(rolled, unrolled)
+    changed = changed_code_lines(rolled, unrolled)
     assert sorted(changed) == sorted(
         [
             f'-NAME = "{NAME}"',
@@ -112,7 +73,7 @@ def test_min_ctas_per_sm_changes_only_the_launch():
     assert "min_blocks_per_mp" not in plain
     assert "min_blocks_per_mp=5," in bounded
     assert "at most 102 registers a thread" in bounded
-    changed = _changed_code_lines(plain, bounded)
+    changed = changed_code_lines(plain, bounded)
     assert changed[:4] == [
         f'-NAME = "{NAME}"',
         '+NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_occ5_staged_sm90"',
@@ -147,7 +108,7 @@ def test_cache_knobs_change_only_the_state_accesses(knobs):
     hinted = _kernel_text(**knobs, state_load_cache="streaming", state_store_cache="streaming")
     assert "LoadCacheMode.STREAMING" in hinted and "StoreCacheMode.STREAMING" in hinted
     assert "cute.nvgpu" not in plain and "_through" not in plain
-    changed = _changed_code_lines(plain, hinted)
+    changed = changed_code_lines(plain, hinted)
     # Removed: the name, the two knob values and the plain tile accesses, which become copies
     # through the atoms; added: their replacements, the atoms and the helpers' import.
     removed = [line for line in changed if line.startswith("-")]

@@ -66,6 +66,8 @@ def _summary(variant: Variant) -> str:
         if variant.k_splits > 1:
             over.append(f"the {variant.k_splits} K splits in shared memory")
         reduction = f"reduces its dot products over {' and over '.join(over)}, token by token"
+        if variant.preload_tokens:
+            reduction += " (every token's q, k, v and gates loaded before the first)"
     else:
         reduction = (
             f"solves the tokens staged: q, k and the gates of all T tokens are staged once per "

@@ -120,6 +120,11 @@ class Variant(_Strict):
     #: with row passes: unroll the pass loop, so the compiler may schedule a pass's loads into
     #: the pass before (as registers allow) instead of a rolled loop holding one pass's registers
     unroll_passes: bool = False
+    #: stepwise solve only: load every token's q, k, v rows and gates before the first token is
+    #: solved. Loaded inside the token loop, each token's loads wait behind the previous token's
+    #: output and cache stores (the compiler may not move a load above a store that could alias
+    #: it), one memory round trip per token; preloaded, all T tokens' loads share one
+    preload_tokens: bool = False
     #: CTAs the compiler must fit on one SM (launch bounds; 0: no bound): caps the registers of
     #: a thread at SM_REGISTERS / (min_ctas_per_sm * threads), trading spills for occupancy
     min_ctas_per_sm: int = Field(default=0, ge=0, le=32)
@@ -317,6 +322,8 @@ class Variant(_Strict):
             parts.append(f"passes{self.row_passes}")
         if self.prefetch:
             parts.append("pf")
+        if self.preload_tokens:
+            parts.append("pre")
         if self.unroll_passes:
             parts.append("unroll")
         if self.min_ctas_per_sm:
@@ -381,6 +388,11 @@ class Variant(_Strict):
             )
         if self.unroll_passes and self.row_passes == 1:
             raise ValueError("unroll_passes unrolls the row-pass loop, so it needs row_passes > 1")
+        if self.preload_tokens and self.solve != "stepwise":
+            raise ValueError(
+                "preload_tokens needs solve: stepwise (the staged solve stages every token's "
+                "inputs in shared memory already)"
+            )
         if self.tile_v % (self.ilp * self.row_passes):
             raise ValueError(
                 f"tile_v must be a multiple of ilp * row_passes (each group owns ilp rows per "

@@ -8,7 +8,7 @@
 
 `gdn_decode` checks its inputs, picks a variant from `dispatch.TABLE`, compiles it once per
 compile-time input (cached) and launches it on the current stream. `variant(name)` gives one
-variant's call without dispatch. Spec sha256: 3f1df24382e13f2d1ad1c6c715c7c2dd6497c5c5073364d6b6153be91d00f7bf.
+variant's call without dispatch. Spec sha256: 3370ea271206a0b5408f6c9736acdc9e3bacaf4d38e5556359b5c4966398362c.
 """
 
 from gdngen.runtime.target import Geometry, Target, TargetInfo

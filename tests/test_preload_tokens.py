@@ -1,0 +1,100 @@
+"""The preload_tokens knob, without a GPU: its name, its check, and that it only moves the token
+inputs' loads (q, k, v rows and gates) from the solving loop to a loop of their own before it."""
+
+from collections import Counter
+
+import pytest
+
+from gdngen.spec.model import Variant
+from tests.spec_helpers import changed_code_lines, kernel_text
+
+#: one stepwise variant per shape of the token loop: K-last, V-last, V-last with K splits
+STEPWISE = {
+    "k_last": dict(
+        layout="k_last", state_dtype="fp32", tile_v=8, ilp=2, vec=4, threads_per_group=32
+    ),
+    "v_last": dict(
+        layout="v_last", state_dtype="bf16", tile_v=16, ilp=8, vec=8, threads_per_group=16
+    ),
+    "v_last_k_splits": dict(
+        layout="v_last", state_dtype="fp32", tile_v=128, ilp=4, vec=16, threads_per_group=1,
+        k_splits=8,
+    ),
+}  # fmt: skip
+
+#: what loads one token's inputs: its q, k and v rows and the a and b its gates come from
+INPUT_LOADS = ("(q[n64, t,", "(k[n64, t,", "(v[n64, t,", "(a[n64, t,", "(b[n64, t,")
+
+SOLVING_LOOP = "    norms = cute.make_rmem_tensor((3,), Float32)"
+
+
+def test_name_and_summary():
+    plain = Variant(**STEPWISE["k_last"])
+    preloaded = Variant(**STEPWISE["k_last"], preload_tokens=True)
+    assert preloaded.name_for("sm_90a") == "kl_fp32_tv8_ilp2_vec4_tpg32_pre_sm90"
+    assert plain.name_for("sm_90a") == "kl_fp32_tv8_ilp2_vec4_tpg32_sm90"
+    text = kernel_text({**STEPWISE["k_last"], "preload_tokens": True})
+    assert "every token's q, k, v and gates loaded before the first" in text.split('"""')[1]
+
+
+def test_staged_solve_refuses_it():
+    staged = dict(
+        layout="k_last", state_dtype="bf16", tile_v=128, ilp=4, row_passes=4, vec=8,
+        threads_per_group=16, solve="staged",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="preload_tokens needs solve: stepwise"):
+        Variant(**staged, preload_tokens=True)
+
+
+@pytest.mark.parametrize("shape", list(STEPWISE))
+def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_else(shape):
+    plain = kernel_text(STEPWISE[shape])
+    preloaded = kernel_text({**STEPWISE[shape], "preload_tokens": True})
+
+    # Plain: the loads are inside the solving loop. Preloaded: every one of them comes before it,
+    # and the solving loop takes token t's values from the lists.
+    def loads_before_solving_loop(text: str) -> int:
+        head = text[: text.index(SOLVING_LOOP)]
+        return sum(head.count(load) for load in INPUT_LOADS)
+
+    assert loads_before_solving_loop(plain) == 0
+    assert loads_before_solving_loop(preloaded) == len(INPUT_LOADS)
+    solving_loop = preloaded[preloaded.index(SOLVING_LOOP) :]
+    assert not any(load in solving_loop for load in INPUT_LOADS)
+    for name, listed in [("q_raw", "q"), ("k_raw", "k"), ("v_rows", "v"), ("g", "g")]:
+        assert f"{name} = {listed}_tokens[t]" in solving_loop
+    assert "beta = beta_tokens[t]" in solving_loop
+
+    # Line for line (as multisets, so wherever a diff aligns the moved block): the preloaded
+    # kernel drops only the old name and knob value, and adds only the new ones, the lists,
+    # their appends, the preload loop's header, the per-token picks and the comment saying why.
+    def code_lines(text: str) -> Counter:
+        body = text.split('"""', 2)[2]
+        return Counter(line.strip() for line in body.splitlines() if line.strip())
+
+    dropped = code_lines(plain) - code_lines(preloaded)
+    new = code_lines(preloaded) - code_lines(plain)
+    assert dropped == Counter(
+        [f'NAME = "{Variant(**STEPWISE[shape]).name_for("sm_90a")}"', '"preload_tokens": False,']
+    ), dropped
+    expected = Counter(
+        [
+            f'NAME = "{Variant(**STEPWISE[shape], preload_tokens=True).name_for("sm_90a")}"',
+            '"preload_tokens": True,',
+            "for t in cutlass.range_constexpr(T):",
+        ]
+    )
+    for name, listed in [("q_raw", "q"), ("k_raw", "k"), ("v_rows", "v"), ("g", "g"),
+                         ("beta", "beta")]:  # fmt: skip
+        expected.update(
+            [
+                f"{listed}_tokens = []",
+                f"{listed}_tokens.append({name})",
+                f"{name} = {listed}_tokens[t]",
+            ]
+        )
+    comments = Counter({line: n for line, n in new.items() if line.startswith("#")})
+    assert new - comments == expected, new - comments
+    assert sum(comments.values()) == 3, comments
+    # and the diff a reviewer reads is that small
+    assert len(changed_code_lines(plain, preloaded)) < 60
