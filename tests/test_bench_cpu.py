@@ -15,7 +15,13 @@ from gdngen.bench.contenders import (
     picker,
     tuned_cell,
 )
-from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess, dump_record, markdown
+from gdngen.bench.report import (
+    DISPATCH_TOLERANCE,
+    dispatch_excess,
+    dump_record,
+    markdown,
+    source_commit,
+)
 from gdngen.bench.run import Result
 from gdngen.problem import Problem
 from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning, read_tuning
@@ -209,3 +215,17 @@ def test_bench_record_is_json_with_one_result_per_line():
     assert '  {"impl": "gdngen", "us": 3.5},' in lines
     assert '  {"impl": "flashinfer", "us": null}' in lines
     assert json.loads(dump_record({"meta": {}, "results": []})) == {"meta": {}, "results": []}
+
+
+def test_source_commit_says_when_the_tree_differs_from_the_commit(tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "kernel.py").write_text("A = 1\n")
+    git("add", "kernel.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    clean = source_commit(cwd=str(tmp_path))
+    assert clean and len(clean) >= 7 and not clean.endswith("-dirty")
+    (tmp_path / "kernel.py").write_text("A = 2\n")
+    assert source_commit(cwd=str(tmp_path)) == f"{clean}-dirty"

@@ -25,6 +25,18 @@ def dump_record(record: dict) -> str:
     return "{\n" + ",\n".join(head + [f' "results": [\n{rows}\n ]']) + "\n}\n"
 
 
+def source_commit(cwd: str | None = None) -> str | None:
+    """The checkout's commit hash (tags ignored), ``-dirty`` appended when tracked files differ
+    from it: a record timed on uncommitted kernels must not pass for one of the commit's."""
+    try:
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+            capture_output=True, text=True, check=True, cwd=cwd,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def environment() -> dict:
     def version(package: str) -> str | None:
         try:
@@ -32,12 +44,6 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
     versions = {"torch": torch.__version__, "python": platform.python_version()}
     for package in ("nvidia-cutlass-dsl", "flashinfer-python", "fla-core", "apache-tvm-ffi"):
         versions[package] = version(package)
@@ -51,7 +57,7 @@ def environment() -> dict:
         "gpu": torch.cuda.get_device_name(),
         "sm": "sm_{}{}".format(*torch.cuda.get_device_capability()),
         "versions": versions,
-        "gdngen_commit": commit,
+        "gdngen_commit": source_commit(),
     }
 
 
