@@ -67,9 +67,12 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
     import torch
 
     from gdngen.spec import SpecError, load_spec
+    from gdngen.bench.gpu_turns import gpu_turns
     from gdngen.tune.measure import TuneError, merge, retime_record, tune, write
     from gdngen.tune.tuning_file import TuningError, default_path, read_tuning, stale_pairs
 
@@ -111,6 +114,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         else:
             for reason in stale_pairs(old, spec).values():
                 print(f"gdngen tune: dropping stale cells of {reason}", file=sys.stderr)
+    gpu_turn = gpu_turns(Path(args.gpu_lock)) if args.gpu_lock else nullcontext
     retimed_by = None
     if args.retime:
         device = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -123,7 +127,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             try:
                 measured = tune(
                     spec, sys.argv[1:], pairs=[pair], tokens=(T,), replays=args.replays,
-                    earlier=old, retime=args.retime,
+                    earlier=old, retime=args.retime, gpu_turn=gpu_turn,
                 )  # fmt: skip
                 old = merge(old, measured, spec, retimed_by=retimed_by)
             except TuneError as exc:
@@ -135,6 +139,29 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 f"wrote {out}: {'/'.join(pair)} T={T} {done} ({len(measured.cells)} cells)",
                 flush=True,
             )
+    print(f"now run: gdngen emit {spec_path}")
+    return 0
+
+
+def _cmd_merge_tuning(args: argparse.Namespace) -> int:
+    import shlex
+
+    from gdngen.spec import SpecError, load_spec
+    from gdngen.tune.measure import TuneError, merge_runs, write
+    from gdngen.tune.tuning_file import TuningError, default_path, read_tuning
+
+    spec_path = Path(args.spec)
+    out = Path(args.out) if args.out else default_path(spec_path)
+    try:
+        spec = load_spec(spec_path)
+        runs = [read_tuning(Path(path)) for path in args.files]
+        command = "gdngen " + shlex.join(sys.argv[1:])
+        merged = merge_runs(runs, spec, f"{command}, of {len(runs)} runs like: {runs[0].command}")
+    except (SpecError, TuningError, TuneError) as exc:
+        print(f"gdngen merge-tuning: {exc}", file=sys.stderr)
+        return 2
+    write(out, merged)
+    print(f"wrote {out}: {len(merged.cells)} cells from {len(runs)} files")
     print(f"now run: gdngen emit {spec_path}")
     return 0
 
@@ -183,10 +210,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the contenders of the cells already in the file again (in this process, on "
         "this GPU) and add that timing to each cell: the dispatch then takes the variant whose "
         "mean gap to the fastest over all timings is least. Run it on another GPU of the same "
-        "model, or at least in another process, to catch a ranking that swings between them",
+        "model, or at least in another process, to catch a ranking that differs between them",
     )
     p_tune.add_argument("--replays", type=int, default=15)
+    p_tune.add_argument(
+        "--gpu-lock",
+        metavar="FILE",
+        help="share the GPU with other tune processes naming the same FILE: compiles run "
+        "side by side, GPU work (inputs, checks, timings) in turns. E.g. one process per pair",
+    )
     p_tune.set_defaults(func=_cmd_tune)
+
+    p_merge = sub.add_parser(
+        "merge-tuning",
+        help="combine the tuning files of several tune runs (e.g. one per pair, --gpu-lock) into "
+        "SPEC's tuning file; a cell in more than one file keeps the last file's timing (no GPU)",
+    )
+    p_merge.add_argument("spec", metavar="SPEC")
+    p_merge.add_argument("files", nargs="+", metavar="FILE")
+    p_merge.add_argument("--out", help="tuning file (default: next to the spec)")
+    p_merge.set_defaults(func=_cmd_merge_tuning)
     return parser
 
 

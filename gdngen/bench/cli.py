@@ -7,6 +7,7 @@ import datetime
 import importlib
 import shlex
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -50,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default=None, help="write OUT.json (machine-readable) and OUT.md (table)"
     )
+    parser.add_argument(
+        "--gpu-lock",
+        metavar="FILE",
+        help="share the GPU with other bench or tune processes naming the same FILE: compiles "
+        "run side by side, GPU work (inputs, checks, timings) in turns",
+    )
 
 
 def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
@@ -83,7 +90,10 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     from .impls import FLA, FlashInfer
     from .report import dump_record, environment, markdown
     from .run import grid, run_grid
+    from .gpu_turns import gpu_turns
     from .timing import copy_bandwidth
+
+    gpu_turn = gpu_turns(Path(args.gpu_lock)) if args.gpu_lock else nullcontext
 
     peers = []
     available = {"flashinfer": FlashInfer, "fla": FLA}
@@ -100,7 +110,8 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
             print(f"gdngen bench: peer {peer} missing: {impl.missing}", file=sys.stderr)
         peers.append(impl)
 
-    copy_bw = copy_bandwidth()
+    with gpu_turn():
+        copy_bw = copy_bandwidth()
     meta = environment()
     meta["copy_bw"] = copy_bw
     meta["date"] = datetime.date.today().isoformat()
@@ -117,7 +128,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     try:
         results = run_grid(
             problems, args.target, copy_bw, variants_for=variants_for, peers=peers, jsonl=jsonl,
-            replays=args.replays,
+            replays=args.replays, gpu_turn=gpu_turn,
         )  # fmt: skip
     finally:
         if jsonl is not None:

@@ -6,8 +6,9 @@ import gc
 import json
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, TextIO
+from typing import Callable, ContextManager, Iterable, TextIO
 
 import torch
 
@@ -107,19 +108,30 @@ def _check(result: Result, problem: Problem, args: dict, bound) -> None:
 
 
 def measure_side_by_side(
-    impls: list[Impl], problem: Problem, copy_bw: float, *, replays: int = 25
+    impls: list[Impl],
+    problem: Problem,
+    copy_bw: float,
+    *,
+    replays: int = 25,
+    gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> list[Result]:
     """Implementations of one cell that run the same form of ``problem`` (gdngen's dispatched
     call and single variants, or one peer): the same input sets, each checked against the
     reference, then all timed side by side (interleaved), so they compare within the cell's
-    noise. A failure (unsupported, wrong, crashed) is a result, not an exception."""
+    noise. A failure (unsupported, wrong, crashed) is a result, not an exception.
+
+    ``gpu_turn`` brackets the work on the GPU (drawing the inputs; checking and timing); the
+    binds between (gdngen's compiles) run outside it, so that other processes may time meanwhile.
+    """
     ran = impls[0].adapt(problem)
     results = [_result(impl, problem, ran) for impl in impls]
     runs: dict[str, list] = {}
-    inputs = None
+    inputs = bound = None
     try:
         sets = rotating_sets(ran.moved_bytes())
-        inputs = [ran.with_(seed=seed).make("cuda") for seed in range(sets)]
+        with gpu_turn():
+            inputs = [ran.with_(seed=seed).make("cuda") for seed in range(sets)]
+        bound = {}
         for index, (impl, result) in enumerate(zip(impls, results)):
             reason = impl.supports(ran)
             if reason is not None:
@@ -127,22 +139,27 @@ def measure_side_by_side(
                 continue
             result.sets = sets
             try:
-                bounds = [impl.bind(ran, args) for args in inputs]
-                _check(result, ran, inputs[0], bounds[0])
-                runs[str(index)] = [b.run for b in bounds]
+                bound[index] = [impl.bind(ran, args) for args in inputs]
             except Exception as exc:  # noqa: BLE001 - one failing variant or peer is a result
                 result.status = _error(exc)
-        if runs:
-            for index, us in time_side_by_side(runs, replays=replays).items():
-                result = results[int(index)]
-                result.us = us
-                result.sol = result.bytes / (result.us * 1e-6) / copy_bw
+        with gpu_turn():
+            for index, bounds in bound.items():
+                try:
+                    _check(results[index], ran, inputs[0], bounds[0])
+                    runs[str(index)] = [b.run for b in bounds]
+                except Exception as exc:  # noqa: BLE001 - as above
+                    results[index].status = _error(exc)
+            if runs:
+                for index, us in time_side_by_side(runs, replays=replays).items():
+                    result = results[int(index)]
+                    result.us = us
+                    result.sol = result.bytes / (result.us * 1e-6) / copy_bw
     except Exception as exc:  # noqa: BLE001 - e.g. no memory for the inputs: all results say so
         for result in results:
             if result.us is None and result.status == "ok":
                 result.status = _error(exc)
     finally:
-        inputs = runs = None
+        inputs = runs = bound = None
         gc.collect()
         torch.cuda.empty_cache()
     return results
@@ -158,6 +175,7 @@ def run_grid(
     jsonl: TextIO | None = None,
     progress: TextIO = sys.stderr,
     replays: int = 25,
+    gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> list[Result]:
     """Every problem: gdngen's dispatched call with the single variants ``variants_for`` names for
     it (side by side), then each peer on its own."""
@@ -167,11 +185,13 @@ def run_grid(
     for index, problem in enumerate(problems):
         names, why = variants_for(problem)
         ours = [Gdngen(target)] + [Gdngen(target, name) for name in dict.fromkeys(names)]
-        cell = measure_side_by_side(ours, problem, copy_bw, replays=replays)
+        cell = measure_side_by_side(ours, problem, copy_bw, replays=replays, gpu_turn=gpu_turn)
         for result in cell[1:]:
             result.extra["chosen_as"] = why
         for peer in peers:
-            cell += measure_side_by_side([peer], problem, copy_bw, replays=replays)
+            cell += measure_side_by_side(
+                [peer], problem, copy_bw, replays=replays, gpu_turn=gpu_turn
+            )
         for result in cell:
             results.append(result)
             if jsonl is not None:

@@ -2,14 +2,18 @@
 
 All candidates of a cell run over the same rotating input sets and are timed side by side
 (interleaved, see gdngen.bench.timing); each is checked against the float64 reference before it
-is timed, so a wrong kernel can never win a cell, and the close ones are timed twice, so a lucky
+is timed, so a wrong kernel can never win a cell, and every candidate is timed twice, so a lucky
 sample cannot either.
 
-A ranking can also swing between processes: on one H200, a variant was 4% ahead of the rest in
-some processes and 5% behind in others, steady within each. ``gdngen tune --retime`` times the
-contenders of the cells already in the file once more, in its own process and on whatever GPU
-it gets, and adds that timing to each cell; the dispatch then takes, per cell, the variant whose mean gap to the
-fastest over all timings is least (see gdngen.tune.tuning_file.verdicts).
+A ranking may still differ between processes or GPUs of one model: ``gdngen tune --retime``
+times the contenders of the cells already in the file once more, in its own process and on
+whatever GPU it gets, and adds that timing to each cell; the dispatch then takes, per cell, the
+variant whose mean gap to the fastest over all timings is least (see
+gdngen.tune.tuning_file.verdicts).
+
+Compiling the candidates takes most of a tune's time and needs no GPU, so several tune
+processes (one per pair or token count) may share one GPU with ``--gpu-lock``: their compiles
+overlap, and whatever they run on the GPU runs in turns (see gdngen.bench.gpu_turns).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import importlib
 import shlex
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable, ContextManager, TextIO
 
 import torch
 
@@ -35,10 +40,8 @@ from .tuning_file import Cell, TuningFile, pair_key, pair_sha256, stale_pairs
 
 #: a variant whose check error exceeds this is a bug, not a tuning result
 CHECK_TOL = 5e-3
-#: variants within this factor of a cell's best are timed twice (see settle)
-CONFIRM_FACTOR = 1.03
 #: --retime times the variants within this margin of a cell's best in any of its timings: wider
-#: than the swings seen between processes and GPUs of one model (up to 4%)
+#: than the differences seen between processes and GPUs of one model
 RETIME_MARGIN = 0.05
 
 
@@ -47,51 +50,65 @@ class TuneError(RuntimeError):
 
 
 def time_variants(
-    target: str, problem: Problem, names: list[str], *, replays: int
+    target: str,
+    problem: Problem,
+    names: list[str],
+    *,
+    replays: int,
+    gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> dict[str, float]:
+    """Microseconds per call of each of ``names`` on ``problem``, each checked first.
+
+    ``gpu_turn`` brackets the work on the GPU (drawing the inputs; checking and timing); the
+    compiles between run outside it, so that other tune processes may time meanwhile.
+    """
     sets = rotating_sets(problem.moved_bytes())
-    inputs = [problem.with_(seed=seed).make("cuda") for seed in range(sets)]
-    runs = {}
-    for name in names:
+    with gpu_turn():
+        inputs = [problem.with_(seed=seed).make("cuda") for seed in range(sets)]
+    bounds = {}
+    for name in names:  # compiles (no GPU work)
         impl = Gdngen(target, name)
-        bounds = [impl.bind(problem, args) for args in inputs]
-        args = inputs[0]
-        pool = state_of(args)
-        error = check_against_reference(problem, args, bounds[0], pool.clone())
-        if not error <= CHECK_TOL:
-            raise TuneError(f"{name} disagrees with the reference on {problem}: error {error:.3g}")
-        runs[name] = [b.run for b in bounds]
+        bounds[name] = [impl.bind(problem, args) for args in inputs]
+    with gpu_turn():
+        runs = {}
+        for name in names:
+            args = inputs[0]
+            pool = state_of(args)
+            error = check_against_reference(problem, args, bounds[name][0], pool.clone())
+            if not error <= CHECK_TOL:
+                raise TuneError(
+                    f"{name} disagrees with the reference on {problem}: error {error:.3g}"
+                )
+            runs[name] = [b.run for b in bounds[name]]
 
-    def time_some(chosen: list[str]) -> dict[str, float]:
-        return time_side_by_side({name: runs[name] for name in chosen}, replays=replays)
+        def time_some(chosen: list[str]) -> dict[str, float]:
+            return time_side_by_side({name: runs[name] for name in chosen}, replays=replays)
 
-    times = settle(time_some(names), time_some)
-    del inputs, runs
-    torch.cuda.empty_cache()
+        times = settle(time_some(names), time_some)
+        del inputs, runs, bounds
+        torch.cuda.empty_cache()
     return times
 
 
 def settle(
-    first: dict[str, float],
-    retime: Callable[[list[str]], dict[str, float]],
-    factor: float = CONFIRM_FACTOR,
+    first: dict[str, float], retime: Callable[[list[str]], dict[str, float]]
 ) -> dict[str, float]:
-    """A cell's timings with its contenders confirmed.
+    """A cell's timings, each variant's the slower of two.
 
-    The contenders (variants within ``factor`` of the cell's best) are timed a second time side
-    by side, in the reverse order, and each keeps the slower of its two timings: a single lucky
-    sample cannot win a cell, and a variant whose timing swings from run to run is ranked by its
-    slow side. With one contender there is nothing to confirm.
+    All the variants are timed a second time side by side, in the reverse order, and each keeps
+    the slower of its two timings: a single lucky sample cannot win a cell, and a variant whose
+    timing swings from run to run is ranked by its slow side.
+
+    The second timing takes every variant, not only the close ones, because a kernel's time
+    depends on what is timed around it: on an H200, large-batch K-last kernels timed in a group
+    of three or four heavy kernels read 2-6% slower than inside the cell's full set. Re-timing
+    only the variants within 3% of the best therefore ranked those by that slower group and the
+    others by the full set, and steady variants timed once won cells from faster ones.
     """
-    best = min(first.values())
-    contenders = [name for name, us in first.items() if us <= best * factor]
-    if len(contenders) < 2:
+    if len(first) < 2:
         return dict(first)
-    second = retime(list(reversed(contenders)))
-    settled = dict(first)
-    for name in contenders:
-        settled[name] = max(first[name], second[name])
-    return settled
+    second = retime(list(reversed(first)))
+    return {name: max(first[name], second[name]) for name in first}
 
 
 def shortlist(cells: list[Cell], factor: float, family: dict[str, str] | None = None) -> list[str]:
@@ -139,6 +156,7 @@ def tune(
     earlier: TuningFile | None = None,
     retime: bool = False,
     progress: TextIO = sys.stderr,
+    gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> TuningFile:
     """Time the candidates of every cell of the spec's tuning grid (or of ``pairs`` and
     ``tokens``), as a tuning file of the cells measured.
@@ -153,7 +171,8 @@ def tune(
     gpu = torch.cuda.get_device_name()
     if grid.gpu.lower() not in gpu.lower():
         raise TuneError(f"the spec's tuning.gpu is {grid.gpu!r}; this GPU is {gpu!r}")
-    copy_bw = copy_bandwidth()
+    with gpu_turn():
+        copy_bw = copy_bandwidth()
     geometry_by_heads = {g.HV: g for g in spec.geometries}
     cells: list[Cell] = []
     started = time.time()
@@ -210,7 +229,9 @@ def tune(
                             cache_steps=T if mode == "verify" else None,
                             disable_state_update=mode == "verify",
                         )  # fmt: skip
-                        times = time_variants(spec.target, problem, timed, replays=replays)
+                        times = time_variants(
+                            spec.target, problem, timed, replays=replays, gpu_turn=gpu_turn
+                        )
                         rounded = {n: round(us, 2) for n, us in times.items()}
                         if retime:
                             cell = before.model_copy(
@@ -282,6 +303,24 @@ def merge(
     return new.model_copy(
         update={"cells": kept + list(new.cells), "variants_sha256": hashes, "retimed": retimed}
     )
+
+
+def merge_runs(tunings: list[TuningFile], spec: Spec, command: str) -> TuningFile:
+    """One tuning file from the files of several tune runs (e.g. one process per pair and token
+    count, see --gpu-lock), in order: a cell measured by more than one run keeps the last run's
+    timing. All must come from one GPU model; ``command`` says how they were combined."""
+    if not tunings:
+        raise TuneError("nothing to merge")
+    gpus = sorted({t.gpu for t in tunings})
+    if len(gpus) > 1:
+        raise TuneError(f"the files were measured on different GPU models: {', '.join(gpus)}")
+    merged = None
+    for tuning in tunings:
+        merged = merge(merged, tuning, spec)
+    stale = stale_pairs(merged, spec)
+    if stale:
+        raise TuneError("stale timings (re-tune these pairs): " + "; ".join(stale.values()))
+    return merged.model_copy(update={"command": command})
 
 
 def retime_record(gpu: str, uuid: str | None, argv: list[str]) -> str:

@@ -5,10 +5,10 @@ A cell is (layout, state dtype, T, mode, HV, B). Within one (layout, dtype, mode
 rows are keyed on batch*heads: the measured points become ranges split at the geometric midpoint
 between neighbours, and each range is served by the variant whose mean gap to the fastest, over
 every timing of the cells at that point, is least (with one timing: the fastest variant). A cell
-holds one timing from `gdngen tune` and one more per `gdngen tune --retime` run. Some variants
-swing between processes by several percent (fast in one, slow in the next, steady within each):
-each timing is then one sample of what a process gets, and the mean gap estimates what a pick
-costs a deployment on average, where one run alone would crown whichever side it happened to see.
+holds one timing from `gdngen tune` and one more per `gdngen tune --retime` run. If a variant's
+ranking differs between processes or GPUs of one model, each timing is one sample of what a
+deployment gets, and the mean gap estimates what a pick costs on average, where one run alone
+would crown whichever side it happened to see.
 T values between measured ones use the table of the nearest measured T below.
 """
 

@@ -100,3 +100,30 @@ def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):
         assert abs(cell[ours["variant"]]["us"] / ours["us"] - 1) < 0.05, (ours, cell)
     table = Path(f"{out}.md").read_text()
     assert "vs fastest" in table and "all tables:" in table
+
+
+def test_two_tune_processes_share_the_gpu_by_turns(tmp_path):
+    data = yaml.safe_load((ROOT / "specs" / "h200.yaml").read_text())
+    data["tuning"] = {"gpu": "NVIDIA", "tokens": [1], "batch": [1, 4], "heads": [32], "modes": ["update"]}
+    spec_path = tmp_path / "h200.yaml"
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    lock = tmp_path / "gpu.lock"
+    pairs = ("k_last/bf16", "v_last/fp32")
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gdngen", "tune", str(spec_path), "--pairs", pair,
+             "--replays", "3", "--gpu-lock", str(lock), "--out", str(tmp_path / f"{index}.yaml")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for index, pair in enumerate(pairs)
+    ]
+    for run in runs:
+        _, stderr = run.communicate(timeout=600)
+        assert run.returncode == 0, stderr
+    spec = parse_spec(spec_path.read_text(), str(spec_path))
+    for index, pair in enumerate(pairs):
+        tuning = load_tuning(tmp_path / f"{index}.yaml", spec)
+        assert {f"{c.layout}/{c.state_dtype}" for c in tuning.cells} == {pair}
+        assert sorted(c.batch for c in tuning.cells) == [1, 4]
+        for cell in tuning.cells:
+            assert len(cell.times_us) > 1 and all(us > 0 for us in cell.times_us.values())
