@@ -67,12 +67,10 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from contextlib import nullcontext
-
     import torch
 
-    from gdngen.spec import SpecError, load_spec
     from gdngen.bench.gpu_turns import gpu_turns
+    from gdngen.spec import SpecError, load_spec
     from gdngen.tune.measure import TuneError, merge, retime_record, tune, write
     from gdngen.tune.tuning_file import TuningError, default_path, read_tuning, stale_pairs
 
@@ -114,7 +112,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         else:
             for reason in stale_pairs(old, spec).values():
                 print(f"gdngen tune: dropping stale cells of {reason}", file=sys.stderr)
-    gpu_turn = gpu_turns(Path(args.gpu_lock)) if args.gpu_lock else nullcontext
+    gpu_turn = gpu_turns(args.gpu_lock)
     retimed_by = None
     if args.retime:
         device = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -7,7 +7,6 @@ import datetime
 import importlib
 import shlex
 import sys
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -87,13 +86,13 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     if not torch.cuda.is_available():
         print("gdngen bench: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from .gpu_turns import gpu_turns
     from .impls import FLA, FlashInfer
     from .report import dump_record, environment, markdown
     from .run import grid, run_grid
-    from .gpu_turns import gpu_turns
     from .timing import copy_bandwidth
 
-    gpu_turn = gpu_turns(Path(args.gpu_lock)) if args.gpu_lock else nullcontext
+    gpu_turn = gpu_turns(args.gpu_lock)
 
     peers = []
     available = {"flashinfer": FlashInfer, "fla": FLA}

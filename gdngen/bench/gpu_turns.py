@@ -10,9 +10,9 @@ after the GPU has finished the turn's work.
 from __future__ import annotations
 
 import fcntl
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import torch
 
@@ -22,9 +22,14 @@ def _finish_gpu_work() -> None:
         torch.cuda.synchronize()
 
 
-def gpu_turns(lock_path: Path, finish: Callable[[], None] = _finish_gpu_work):
+def gpu_turns(
+    lock_path: Path | str | None, finish: Callable[[], None] = _finish_gpu_work
+) -> Callable[[], ContextManager]:
     """A ``gpu_turn()`` factory: each turn holds ``lock_path`` exclusively, and calls ``finish``
-    (wait for the GPU) before letting go, so no work of this turn overlaps the next one's."""
+    (wait for the GPU) before letting go, so no work of this turn overlaps the next one's.
+    Without a lock path (a process that has the GPU to itself) a turn is a no-op."""
+    if lock_path is None:
+        return nullcontext
 
     @contextmanager
     def gpu_turn() -> Iterator[None]:
