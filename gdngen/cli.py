@@ -8,10 +8,15 @@ from pathlib import Path
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
-    from gdngen.emit import Measured, check, display_path, emit
+    from gdngen.emit import check, display_path, emit, unmeasured_pairs
     from gdngen.emit.render import RenderError
     from gdngen.spec import SpecError, load_spec
-    from gdngen.tune.tuning_file import TuningError, default_path, load_tuning
+    from gdngen.tune.tuning_file import (
+        TuningError,
+        default_path,
+        load_tuning,
+        remeasure_command,
+    )
 
     out_root = Path(args.out)
     project_root = out_root.resolve().parent
@@ -25,19 +30,32 @@ def _cmd_emit(args: argparse.Namespace) -> int:
             return 2
         shown = display_path(spec_path, project_root)
         command = f"gdngen emit {shown}"
-        tuning = None
+        measured = None
         tuning_path = default_path(spec_path)
         try:
             if tuning_path.exists():
-                tuning = Measured(
-                    load_tuning(tuning_path, spec), display_path(tuning_path, project_root)
-                )
+                measured = load_tuning(tuning_path, spec, display_path(tuning_path, project_root))
         except TuningError as exc:
             print(exc, file=sys.stderr)
             return 2
+        # Pairs whose timings do not hold (or were never measured) use the static rules; say so,
+        # and how to measure them, wherever their dispatch is not what a tune would pick.
+        unmeasured = unmeasured_pairs(spec, measured)
+        if measured is not None and unmeasured:
+            for pair, why in unmeasured.items():
+                print(
+                    f"gdngen emit: {shown}: {pair} is unmeasured ({why}); its dispatch uses "
+                    f"the spec's static rules",
+                    file=sys.stderr,
+                )
+            print(
+                f"  re-measure on a {spec.tuning.gpu if spec.tuning else 'GPU'}: "
+                f"{remeasure_command(shown, list(unmeasured))}",
+                file=sys.stderr,
+            )
         try:
             if args.check:
-                problems = check(spec, shown, out_root, tuning)
+                problems = check(spec, shown, out_root, measured)
                 if problems:
                     for problem in problems:
                         print(problem.rstrip("\n"), file=sys.stderr)
@@ -50,14 +68,20 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                 else:
                     print(f"{out_root.name}/{spec.target}/ is up to date with {shown}")
                 continue
-            result = emit(spec, shown, out_root, tuning)
+            result = emit(spec, shown, out_root, measured)
         except (RenderError, TuningError) as exc:
             print(f"gdngen: {exc}", file=sys.stderr)
             return 3
+        source = (
+            "the spec's static rules"
+            if measured is None or len(unmeasured) == len(spec.served)
+            else measured.name
+            + (f" (static rules for {', '.join(unmeasured)})" if unmeasured else "")
+        )
         print(
             f"{out_root.name}/{spec.target}/: {len(result.written)} written, "
             f"{len(result.unchanged)} unchanged, {len(result.removed)} removed; dispatch from "
-            + (tuning.name if tuning else "the spec's static rules")
+            + source
         )
         for relpath in result.written:
             print(f"  wrote   {relpath}")
@@ -69,9 +93,9 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import torch
 
-    from gdngen.bench.gpu_turns import gpu_turns
+    from gdngen.measure.gpu_turns import gpu_turns
     from gdngen.spec import SpecError, load_spec
-    from gdngen.tune.measure import TuneError, merge, retime_record, tune, write
+    from gdngen.tune.run import TuneError, merge, retime_record, tune, write
     from gdngen.tune.tuning_file import TuningError, default_path, read_tuning, stale_pairs
 
     spec_path = Path(args.spec)
@@ -110,8 +134,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             if args.retime:
                 return 2
         else:
-            for reason in stale_pairs(old, spec).values():
-                print(f"gdngen tune: dropping stale cells of {reason}", file=sys.stderr)
+            for pair, reason in stale_pairs(old, spec).items():
+                print(f"gdngen tune: dropping stale cells of {pair}: {reason}", file=sys.stderr)
     gpu_turn = gpu_turns(args.gpu_lock)
     retimed_by = None
     if args.retime:
@@ -145,7 +169,7 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
     import shlex
 
     from gdngen.spec import SpecError, load_spec
-    from gdngen.tune.measure import TuneError, merge_runs, write
+    from gdngen.tune.run import TuneError, merge_runs, write
     from gdngen.tune.tuning_file import TuningError, default_path, read_tuning
 
     spec_path = Path(args.spec)
@@ -161,6 +185,66 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
     write(out, merged)
     print(f"wrote {out}: {len(merged.cells)} cells from {len(runs)} files")
     print(f"now run: gdngen emit {spec_path}")
+    return 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    import importlib
+
+    from gdngen.emit import check, display_path
+    from gdngen.runtime.build import build_artifacts
+    from gdngen.spec import SpecError, load_spec
+    from gdngen.tune.tuning_file import TuningError, default_path, load_tuning
+
+    spec_path = Path(args.spec)
+    try:
+        spec = load_spec(spec_path)
+        tuning_path = default_path(spec_path)
+        shown = display_path(spec_path, Path.cwd())
+        measured = (
+            load_tuning(tuning_path, spec, display_path(tuning_path, Path.cwd()))
+            if tuning_path.exists()
+            else None
+        )
+    except (SpecError, TuningError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    # Kernels are built from the generated modules: they must be what the spec produces.
+    if check(spec, shown, Path(args.generated), measured):
+        print(
+            f"gdngen build: {args.generated}/{spec.target}/ is not what {shown} produces; run "
+            f"gdngen emit {shown} first",
+            file=sys.stderr,
+        )
+        return 2
+    target = importlib.import_module(f"{Path(args.generated).name}.{spec.target}")
+    out = Path(args.out or f"build/{spec.target}")
+    manifest = build_artifacts(spec, target, out, jobs=args.jobs)
+    print(
+        f"{out}/: {manifest['kernels']} kernels ({manifest['built']} built, the rest already "
+        f"there); use them with GDNGEN_ARTIFACTS={out}"
+    )
+    return 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from gdngen.runtime.kernel_dir import CACHE_ENV, KernelDir, default_cache_dir
+
+    folder = KernelDir(Path(args.dir) if args.dir else default_cache_dir(), writable=True)
+    if args.clear:
+        removed = folder.clear() if folder.path.is_dir() else 0
+        print(f"{folder.path}: removed {removed} kernels")
+        return 0
+    entries = folder.entries()
+    size = sum(e.get("library_bytes", 0) for e in entries)
+    print(f"gdngen disk cache: {folder.path} (set {CACHE_ENV} to move it)")
+    print(f"{len(entries)} kernels, {size / 1e6:.1f} MB")
+    by_variant: dict[str, int] = {}
+    for entry in entries:
+        name = entry["fingerprint"]["key"]["variant"]
+        by_variant[name] = by_variant.get(name, 0) + 1
+    for name, count in sorted(by_variant.items()):
+        print(f"  {count:4d}  {name}")
     return 0
 
 
@@ -228,6 +312,22 @@ def build_parser() -> argparse.ArgumentParser:
     p_merge.add_argument("files", nargs="+", metavar="FILE")
     p_merge.add_argument("--out", help="tuning file (default: next to the spec)")
     p_merge.set_defaults(func=_cmd_merge_tuning)
+
+    p_build = sub.add_parser(
+        "build",
+        help="compile every kernel the target's dispatch can pick, for the spec's geometries and "
+        "call forms (its build: section), into an artifact directory (no GPU needed)",
+    )
+    p_build.add_argument("spec", metavar="SPEC")
+    p_build.add_argument("--out", help="artifact directory (default: build/<target>)")
+    p_build.add_argument("--jobs", type=int, default=1, help="compile processes (default 1)")
+    p_build.add_argument("--generated", default="generated", help="generated root (default)")
+    p_build.set_defaults(func=_cmd_build)
+
+    p_cache = sub.add_parser("cache", help="show (or --clear) the disk cache of compiled kernels")
+    p_cache.add_argument("--clear", action="store_true", help="remove every cached kernel")
+    p_cache.add_argument("--dir", help="the cache folder (default: $GDNGEN_CACHE_DIR or ~/.cache)")
+    p_cache.set_defaults(func=_cmd_cache)
     return parser
 
 

@@ -66,7 +66,7 @@ class Problem:
         return 2 if self.state_dtype == "bf16" else 4
 
     def moved_bytes(self) -> int:
-        """Bytes a call must move at least (DESIGN.md section 5)."""
+        """Bytes a call must move at least (docs/design.md, "Measuring")."""
         B, T = self.batch, self.tokens
         state = B * self.HV * self.V * self.K * self.state_bytes()
         writes = 0 if self.disable_state_update else 1

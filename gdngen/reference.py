@@ -1,7 +1,7 @@
 """The one reference every test and benchmark compares with: GDN decode in float64.
 
-It follows DESIGN.md section 1 literally (decay first, then the delta update, then the output
-from the updated state) and the precision contract: the state stays in float64 across all T
+It follows docs/design.md ("The math") literally (decay first, then the delta update, then the
+output from the updated state) and the precision contract: the state stays in float64 across all T
 tokens of a call and is rounded to the state dtype only where it is stored (each cached
 intermediate state, and the final state). It runs on whatever device its inputs are on.
 """

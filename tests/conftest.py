@@ -1,4 +1,10 @@
+import os
+import tempfile
+
 import pytest
+
+# Kernels the tests compile go to a disk cache of the test run, not the user's (gdngen.runtime.store).
+os.environ.setdefault("GDNGEN_CACHE_DIR", tempfile.mkdtemp(prefix="gdngen-test-cache-"))
 
 
 def _has_gpu() -> bool:

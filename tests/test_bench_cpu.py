@@ -20,9 +20,9 @@ from gdngen.bench.report import (
     dispatch_excess,
     dump_record,
     markdown,
-    source_commit,
 )
 from gdngen.bench.run import Result
+from gdngen.measure.environment import source_commit
 from gdngen.problem import Problem
 from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning, read_tuning
 from tests.spec_helpers import ROOT

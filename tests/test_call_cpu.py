@@ -5,7 +5,7 @@ import pytest
 import generated.b200 as b200
 import generated.h200 as h200
 from gdngen.problem import Problem
-from gdngen.runtime.launcher import compiled_count
+from gdngen.runtime.store import compiled_count
 
 
 def _args(**fields):
@@ -45,4 +45,5 @@ def test_each_kernel_module_exposes_its_own_call(target):
     for name in target.VARIANTS:
         module = target.variant(name).module(name)
         assert module.NAME == name and module.gdn_decode.__name__ == name
-        assert module.KNOBS["layout"] == module.LAYOUT
+        layout = {"kl": "k_last", "vl": "v_last"}[name[:2]]
+        assert (module.LAYOUT, module.STATE_DTYPE) == (layout, name.split("_")[1])

@@ -15,9 +15,11 @@ import pytest
 
 from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.resources import kernel_resources
+from gdngen.spec import load_spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX
 
-GENERATED = Path(__file__).resolve().parent.parent / "generated"
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = ROOT / "generated"
 REGISTERS_PER_SM = 65536
 
 
@@ -37,7 +39,7 @@ def _keys(info, module):
     common = dict(
         variant=module.NAME, arch=info.sm, H=geometry.H, HV=geometry.HV, K=geometry.K,
         V=geometry.V, io_dtype="bf16", gate_dtype="bf16", dt_bias_dtype="fp32",
-        state_dtype=module.KNOBS["state_dtype"], use_qk_l2norm=True,
+        state_dtype=module.STATE_DTYPE, use_qk_l2norm=True,
     )  # fmt: skip
     yield CompileKey(
         tokens=1, index_dtype="int32", separate_write_slots=False, cache=False,
@@ -57,10 +59,11 @@ def test_every_target_is_checked():
 def test_kernel_compiles_for_its_target(target_name, variant):
     target = importlib.import_module(f"generated.{target_name}")
     module = importlib.import_module(f"generated.{target_name}.kernels.{variant}")
+    knobs = load_spec(ROOT / "specs" / f"{target_name}.yaml").variants_by_name[variant]
     for key in _keys(target.INFO, module):
         found = kernel_resources(module, key)
         where = f"{variant} T={key.tokens} on {key.arch}: {found}"
-        min_ctas = module.KNOBS["min_ctas_per_sm"]
+        min_ctas = knobs.min_ctas_per_sm
         if min_ctas:
             # Launch bounds trade spills for occupancy (a choice the tuning measured): the cap
             # must hold, and what spills stays small next to the state tile it protects.
@@ -77,14 +80,14 @@ def test_kernel_compiles_for_its_target(target_name, variant):
         # Cache operators: the state accesses the knobs name carry one, on every vector of the
         # lane's tile (the state is the only vector access that may carry one).
         expected = set()
-        if module.KNOBS["state_load_cache"] != "all":
-            expected.add(f"ld.{LOAD_CACHE_PTX[module.KNOBS['state_load_cache']]}")
-        if module.KNOBS["state_store_cache"] != "write_back":
-            expected.add(f"st.{STORE_CACHE_PTX[module.KNOBS['state_store_cache']]}")
+        if knobs.state_load_cache != "all":
+            expected.add(f"ld.{LOAD_CACHE_PTX[knobs.state_load_cache]}")
+        if knobs.state_store_cache != "write_back":
+            expected.add(f"st.{STORE_CACHE_PTX[knobs.state_store_cache]}")
         cache_ops = dict(found.cache_ops)
         assert set(cache_ops) == expected, where
         assert all(count >= loads_per_lane for count in cache_ops.values()), where
-        if module.KNOBS["packed_fma"]:
+        if knobs.packed_fma:
             assert found.packed_fp32x2 > 0, f"no packed fp32x2 instructions: {where}"
         else:
             assert found.packed_fp32x2 == 0, where

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gdngen.bench.gpu_turns import gpu_turns
+from gdngen.measure.gpu_turns import gpu_turns
 
 WORK_SECONDS = 0.1
 

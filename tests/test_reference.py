@@ -1,5 +1,5 @@
 """gdngen.reference.reference_decode against a naive loop-by-loop float64 implementation of
-DESIGN.md section 1 written here (per batch row, token, value head, row r and column c)."""
+docs/design.md ("The math") written here (per batch row, token, value head, row r and column c)."""
 
 import math
 

@@ -1,8 +1,8 @@
 """The staged solve's lane bookkeeping, checked without a GPU.
 
-The spec model computes the reduce-scatter rounds, the rows a lane owns afterwards and which lane
-writes them; the kernel template only prints those numbers. Here a group of lanes is simulated
-with those numbers exactly as the template uses them, and every row's h.k and h.q must end up
+gdngen.device.lanes.reduce_scatter computes the reduce-scatter rounds, the rows a lane owns
+afterwards and which lane writes them; the generated kernels import it. Here a group of lanes is
+simulated with those numbers exactly as the kernel template uses them, and every row's h.k and h.q must end up
 fully reduced on the lanes that claim them. The per-warp product lists must cover every token
 pair once.
 """
@@ -11,7 +11,8 @@ import itertools
 
 import pytest
 
-from gdngen.runtime.staging import output_products, solve_products
+from gdngen.device.lanes import reduce_scatter
+from gdngen.device.staging import output_products, solve_products
 from gdngen.spec.model import Variant
 
 KNOB_POINTS = [
@@ -31,14 +32,19 @@ KNOB_POINTS = [
 ]
 
 
+def _scatter(variant: Variant):
+    return reduce_scatter(variant.ilp, variant.threads_per_group, variant.lane_stride)
+
+
 def _simulate(variant: Variant) -> list[list[float]]:
     """Run the template's reduce-scatter over one group; returns each lane's held values."""
     tpg, ilp = variant.threads_per_group, variant.ilp
+    scatter = _scatter(variant)
     # Lane `lane`'s partial sum for value index x (x < ilp: h.k of row x, else h.q of row x - ilp):
     # distinct powers so any wrong or missing term shows.
     partial = [[float((lane + 1) * 1000 + x) for x in range(2 * ilp)] for lane in range(tpg)]
     sums = [row[:] for row in partial]
-    for offset, mask, half in variant.scatter_levels:
+    for offset, mask, half in scatter.levels:
         assert offset == variant.lane_stride * mask
         sent = []
         for lane in range(tpg):
@@ -51,10 +57,10 @@ def _simulate(variant: Variant) -> list[list[float]]:
             keep = [sums[lane][s + half] if upper else sums[lane][s] for s in range(half)]
             new.append([keep[s] + sent[partner][s] for s in range(half)])
         sums = new
-    for offset in variant.scatter_rest_offsets:
+    for offset in scatter.rest_offsets:
         mask = offset // variant.lane_stride
         sums = [
-            [sums[lane][s] + sums[lane ^ mask][s] for s in range(variant.rows_held)]
+            [sums[lane][s] + sums[lane ^ mask][s] for s in range(scatter.rows_held)]
             for lane in range(tpg)
         ]
     return sums
@@ -67,21 +73,22 @@ def test_reduce_scatter_leaves_each_lane_its_rows(knobs):
     variant = Variant(**knobs, solve="staged")
     tpg, ilp = variant.threads_per_group, variant.ilp
     held = _simulate(variant)
+    scatter = _scatter(variant)
     total = {x: sum(float((lane + 1) * 1000 + x) for lane in range(tpg)) for x in range(2 * ilp)}
     writers = {}
     for lane in range(tpg):
-        row_first = sum((lane // mask) % 2 * rows for mask, rows in variant.row_bits)
-        query = bool(lane & variant.query_mask)
-        assert len(held[lane]) == variant.rows_held
-        for j in range(variant.rows_held):
+        row_first = sum((lane // mask) % 2 * rows for mask, rows in scatter.row_bits)
+        query = bool(lane & scatter.query_mask)
+        assert len(held[lane]) == scatter.rows_held
+        for j in range(scatter.rows_held):
             index = (ilp if query else 0) + row_first + j
             assert held[lane][j] == total[index], (lane, j)
         # The h.k / h.q partner holds the other half of the same rows.
-        partner = lane ^ variant.query_mask
-        partner_first = sum((partner // mask) % 2 * rows for mask, rows in variant.row_bits)
-        assert partner_first == row_first and bool(partner & variant.query_mask) != query
-        if lane & variant.writer_mask == 0:
-            for j in range(variant.rows_held):
+        partner = lane ^ scatter.query_mask
+        partner_first = sum((partner // mask) % 2 * rows for mask, rows in scatter.row_bits)
+        assert partner_first == row_first and bool(partner & scatter.query_mask) != query
+        if lane & scatter.writer_mask == 0:
+            for j in range(scatter.rows_held):
                 assert row_first + j not in writers, "two lanes write one row"
                 writers[row_first + j] = lane
     assert sorted(writers) == list(range(ilp)), "every row has exactly one writer"

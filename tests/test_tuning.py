@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 import generated.h200 as h200
-from gdngen.emit import Measured, emit, expected_files
-from gdngen.runtime.dispatch import Row, select
+from gdngen.dispatch import CallShape, measured_rules, select, verdicts
+from gdngen.emit import emit, expected_files
 from gdngen.spec import load_spec, parse_spec
-from gdngen.tune.measure import (
+from gdngen.tune.run import (
     TuneError,
     earlier_first_token_cells,
     merge,
@@ -22,14 +22,13 @@ from gdngen.tune.measure import (
 )
 from gdngen.tune.tuning_file import (
     Cell,
+    Measured,
     TuningError,
     TuningFile,
     dump_tuning,
     load_tuning,
     pair_sha256,
-    tuned_rows,
     variants_sha256,
-    verdicts,
 )
 from tests.spec_helpers import ROOT, to_yaml
 
@@ -89,6 +88,19 @@ def _tuning(spec, **changes) -> TuningFile:
     return TuningFile(**fields)
 
 
+def _rules(spec, tuning: TuningFile, cite: str = "t.yaml"):
+    """The rules emit makes of ``tuning``'s cells for the spec's pairs."""
+    return measured_rules(tuning.cells, spec.served, spec.features.max_tokens, cite)
+
+
+def _span(bounds) -> tuple:
+    return (bounds.lo, bounds.hi)
+
+
+def _measured(tuning: TuningFile, name: str = "specs/mini.tuning.yaml") -> Measured:
+    return Measured(name=name, cells=tuple(tuning.cells), tuning=tuning)
+
+
 def _write(tmp_path: Path, tuning: TuningFile) -> Path:
     path = tmp_path / "mini.tuning.yaml"
     path.write_text(dump_tuning(tuning))
@@ -98,8 +110,8 @@ def _write(tmp_path: Path, tuning: TuningFile) -> Path:
 def test_dump_and_load_round_trip(spec, tmp_path):
     tuning = _tuning(spec)
     loaded = load_tuning(_write(tmp_path, tuning), spec)
-    assert sorted(loaded.cells, key=repr) == sorted(tuning.cells, key=repr)
-    assert loaded.gpu == tuning.gpu and loaded.versions == tuning.versions
+    assert sorted(loaded.cells, key=repr) == sorted(tuning.cells, key=repr) and not loaded.stale
+    assert loaded.tuning.gpu == tuning.gpu and loaded.tuning.versions == tuning.versions
 
 
 def _retimed(cell: Cell, *timings: dict) -> Cell:
@@ -119,7 +131,7 @@ def test_retimed_cells_round_trip_and_files_without_retimes_keep_their_form(spec
     assert f"retimed_us: [{{{LARGE_V}: 4.10, {SMALL_V}: 3.40}}, " in text
     loaded = load_tuning(path, spec)
     assert sorted(loaded.cells, key=repr) == sorted(cells, key=repr)
-    assert loaded.retimed == [record]
+    assert loaded.tuning.retimed == [record]
 
 
 def test_dump_is_sorted_and_deterministic(spec):
@@ -132,15 +144,15 @@ def test_dump_is_sorted_and_deterministic(spec):
 
 
 def test_rows_pick_the_fastest_and_split_at_geometric_midpoints(spec):
-    rows = tuned_rows(_tuning(spec), spec, "specs/mini.tuning.yaml")
-    t1 = [r for r in rows if r["tokens"] == (1, 3) and r["intermediate"] == "no"]
+    rules = _rules(spec, _tuning(spec), "specs/mini.tuning.yaml")
+    t1 = [r for r in rules if _span(r.tokens) == (1, 3) and r.intermediate == "no"]
     # measured B*HV: 32, 64, 2048, 4096 -> small wins up to 64, large from 2048
-    assert [(r["batch_heads"], r["variant"]) for r in t1] == [
+    assert [(_span(r.batch_heads), r.use) for r in t1] == [
         ((1, 362), SMALL_V),  # isqrt(64 * 2048) = 362
         ((363, None), LARGE_V),
     ]
-    assert all("tuned specs/mini.tuning.yaml T=1 update" in r["source"] for r in t1)
-    assert "B*HV=2048" in t1[1]["source"] and "next " + SMALL_V in t1[1]["source"]
+    assert all("tuned specs/mini.tuning.yaml T=1 update" in r.source for r in t1)
+    assert "B*HV=2048" in t1[1].source and "next " + SMALL_V in t1[1].source
 
 
 def _cell(batch: int, times: dict, *retimes: dict, HV: int = 64) -> Cell:
@@ -212,10 +224,10 @@ def test_rows_take_the_retimed_verdict(spec):
             "retimed_us": [{SMALL_V: 36.0, LARGE_V: 39.6}],
         }
     )
-    rows = tuned_rows(_tuning(spec, cells=cells), spec, "t.yaml")
-    t1 = [r for r in rows if r["tokens"] == (1, 3) and r["intermediate"] == "no"]
-    (row,) = [r for r in t1 if r["batch_heads"][0] <= 4096 <= (r["batch_heads"][1] or 1 << 30)]
-    assert row["variant"] == SMALL_V and "2 timings of 1 cell" in row["source"]
+    rules = _rules(spec, _tuning(spec, cells=cells))
+    t1 = [r for r in rules if _span(r.tokens) == (1, 3) and r.intermediate == "no"]
+    (rule,) = [r for r in t1 if r.batch_heads.contains(4096)]
+    assert rule.use == SMALL_V and "2 timings of 1 cell" in rule.source
 
 
 def test_retime_times_the_contenders_of_every_timing_the_spec_still_has(spec):
@@ -228,34 +240,30 @@ def test_retime_times_the_contenders_of_every_timing_the_spec_still_has(spec):
 
 
 def test_rows_cover_every_token_count_and_both_modes(spec):
-    rows = tuned_rows(_tuning(spec), spec, "t.yaml")
-    covered = {(r["tokens"], r["intermediate"]) for r in rows}
+    covered = {(_span(r.tokens), r.intermediate) for r in _rules(spec, _tuning(spec))}
     assert covered == {((1, 3), "no"), ((4, 8), "no"), ((1, 8), "yes")}
 
 
-def test_emit_uses_tuned_rows_and_static_rules_for_the_rest(spec, tmp_path):
-    measured = Measured(_tuning(spec), "specs/mini.tuning.yaml")
+def test_emit_uses_measured_rules_and_static_rules_for_the_rest(spec, tmp_path):
     out = tmp_path / "generated"
-    emit(spec, "specs/mini.yaml", out, measured)
+    emit(spec, "specs/mini.yaml", out, _measured(_tuning(spec)))
     namespace: dict = {}
     exec((out / "mini" / "dispatch.py").read_text(), namespace)
-    table = tuple(Row(*row) for row in namespace["TABLE"])
-    big = select(
-        table, layout="k_last", state_dtype="bf16", tokens=4, batch_heads=8192, intermediate=True
-    )
-    assert big.variant == LARGE_V and big.source.startswith(
-        "tuned specs/mini.tuning.yaml T=4 verify"
-    )
-    fp32 = select(
-        table, layout="k_last", state_dtype="fp32", tokens=2, batch_heads=64, intermediate=False
-    )
+    table = namespace["TABLE"]
+    big = select(table, CallShape("k_last", "bf16", 4, 8192, True))
+    assert big.use == LARGE_V and big.source.startswith("tuned specs/mini.tuning.yaml T=4 verify")
+    fp32 = select(table, CallShape("k_last", "fp32", 2, 64, False))
     assert fp32.source == "spec dispatch[1]"  # fp32 was not measured: the static rule stays
     manifest = (out / "mini" / "MANIFEST.txt").read_text()
-    assert "# Dispatch: measured, specs/mini.tuning.yaml" in manifest
+    assert "# Dispatch measured (specs/mini.tuning.yaml): k_last/bf16" in manifest
+    assert (
+        "# Dispatch from the spec's static rules: k_last/fp32 "
+        "(specs/mini.tuning.yaml has no cells of it)" in manifest
+    )
 
 
 def test_emit_from_tuning_is_deterministic(spec):
-    measured = Measured(_tuning(spec), "specs/mini.tuning.yaml")
+    measured = _measured(_tuning(spec))
     assert expected_files(spec, "specs/mini.yaml", measured) == expected_files(
         spec, "specs/mini.yaml", measured
     )
@@ -268,26 +276,31 @@ def test_emit_from_tuning_is_deterministic(spec):
             dict(gpu="NVIDIA A100-SXM4-80GB"),
             "measured on 'NVIDIA A100-SXM4-80GB'; the spec's tuning.gpu is 'H100'",
         ),
-        (dict(sm="sm_100a"), "measured for target mini (sm_100a), the spec is mini (sm_90a)"),
         (
             dict(variants_sha256={"k_last/bf16": "0000"}),
-            "k_last/bf16: the spec's variants of this pair changed since it was measured "
+            "the spec's variants of this pair changed since it was measured "
             "(variants sha256 0000 in the file, ",
         ),
-        (dict(variants_sha256={}), "k_last/bf16: the file records no variants sha256"),
+        (dict(variants_sha256={}), "the file records no variants sha256"),
     ],
-    ids=["other_gpu", "other_sm", "variants_changed", "pair_not_recorded"],
+    ids=["other_gpu", "variants_changed", "pair_not_recorded"],
 )
-def test_mismatched_tuning_is_reported(spec, tmp_path, changes, reason):
-    path = _write(tmp_path, _tuning(spec, **changes))
+def test_timings_that_no_longer_hold_make_their_pair_stale(spec, tmp_path, changes, reason):
+    loaded = load_tuning(_write(tmp_path, _tuning(spec, **changes)), spec)
+    assert list(loaded.stale) == ["k_last/bf16"] and reason in loaded.stale["k_last/bf16"]
+    assert loaded.cells == ()
+
+
+def test_a_file_of_another_target_is_refused(spec, tmp_path):
+    path = _write(tmp_path, _tuning(spec, sm="sm_100a"))
     with pytest.raises(TuningError) as error:
         load_tuning(path, spec)
     message = str(error.value)
-    assert str(path) in message and "stale or mismatched" in message and reason in message
-    assert "gdngen tune" in message
+    assert str(path) in message
+    assert "measured for target mini (sm_100a), the spec is mini (sm_90a)" in message
 
 
-def test_unknown_variant_is_reported(spec, tmp_path):
+def test_unknown_variant_in_a_fresh_pair_is_reported(spec, tmp_path):
     cells = _cells()
     cells[0] = cells[0].model_copy(update={"times_us": {"kl_bf16_tv4_ilp1_vec8_tpg16_sm90": 1.0}})
     path = _write(tmp_path, _tuning(spec, cells=cells))
@@ -312,22 +325,33 @@ def test_malformed_tuning_file_names_the_file_and_field(spec, tmp_path):
         load_tuning(path, spec)
 
 
-def test_cli_emit_refuses_a_stale_tuning_file(tmp_path):
+def test_cli_emit_falls_back_per_pair_and_says_how_to_remeasure(tmp_path):
+    """One pair's variants changed: that pair's dispatch comes from the static rules (with a
+    warning naming the re-measure command), the other pair keeps its measured rules, and
+    ``emit --check`` reports the same."""
     specs = tmp_path / "specs"
     specs.mkdir()
-    data = dict(SMALL)
-    (specs / "mini.yaml").write_text(to_yaml(data))
-    spec = parse_spec(to_yaml(data), "specs/mini.yaml")
-    (specs / "mini.tuning.yaml").write_text(
-        dump_tuning(_tuning(spec, variants_sha256={"k_last/bf16": "0000"}))
-    )
-    run = subprocess.run(
-        [sys.executable, "-m", "gdngen", "emit", "specs/mini.yaml"],
-        cwd=tmp_path, capture_output=True, text=True,
-    )  # fmt: skip
-    assert run.returncode == 2
-    assert "mini.tuning.yaml: stale or mismatched tuning data" in run.stderr
-    assert not (tmp_path / "generated" / "mini").exists()
+    (specs / "mini.yaml").write_text(to_yaml(SMALL))
+    spec = parse_spec(to_yaml(SMALL), "specs/mini.yaml")
+    fp32_cells = [
+        c.model_copy(update={"state_dtype": "fp32", "times_us": {FP32_V: c.times_us[SMALL_V]}})
+        for c in _cells()
+    ]
+    hashes = {**variants_sha256(spec), "k_last/bf16": "0000"}
+    tuning = _tuning(spec, cells=_cells() + fp32_cells, variants_sha256=hashes)
+    (specs / "mini.tuning.yaml").write_text(dump_tuning(tuning))
+    for args in (["emit", "specs/mini.yaml"], ["emit", "--check", "specs/mini.yaml"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "gdngen", *args], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        assert "k_last/bf16 is unmeasured (the spec's variants of this pair changed" in run.stderr
+        assert "gdngen tune specs/mini.yaml --pairs k_last/bf16 --merge" in run.stderr
+        assert "k_last/fp32" not in run.stderr
+    namespace: dict = {}
+    exec((tmp_path / "generated" / "mini" / "dispatch.py").read_text(), namespace)
+    sources = {(r.state_dtype, r.source.split(" T=")[0]) for r in namespace["TABLE"]}
+    assert sources == {("bf16", "spec dispatch[0]"), ("fp32", "tuned specs/mini.tuning.yaml")}
 
 
 def test_merge_keeps_cells_not_remeasured(spec):
@@ -406,13 +430,15 @@ def test_a_variant_added_to_another_pair_leaves_a_pair_fresh(spec, tmp_path):
     path = _write(tmp_path, _tuning(spec))  # bf16 cells only
     changed = _with_variant(FP32_EXTRA)
     assert pair_sha256(changed, "k_last", "fp32") != pair_sha256(spec, "k_last", "fp32")
-    assert load_tuning(path, changed).cells  # the bf16 timings still hold
+    loaded = load_tuning(path, changed)
+    assert loaded.cells and not loaded.stale  # the bf16 timings still hold
 
 
 def test_a_variant_added_to_the_same_pair_makes_it_stale(spec, tmp_path):
     path = _write(tmp_path, _tuning(spec))
-    with pytest.raises(TuningError, match=r"k_last/bf16: the spec's variants of this pair changed"):
-        load_tuning(path, _with_variant(BF16_EXTRA))
+    loaded = load_tuning(path, _with_variant(BF16_EXTRA))
+    assert loaded.cells == ()
+    assert "the spec's variants of this pair changed" in loaded.stale["k_last/bf16"]
 
 
 def test_a_knob_at_its_default_does_not_change_the_pair_hash(spec):
@@ -518,7 +544,7 @@ def test_cli_merge_tuning_writes_the_spec_tuning_file(tmp_path):
     assert run.returncode == 0, run.stderr
     merged = load_tuning(specs / "mini.tuning.yaml", spec)
     assert sorted(merged.cells, key=repr) == sorted(_cells(), key=repr)
-    assert merged.command.startswith("gdngen merge-tuning specs/mini.yaml run0.yaml")
+    assert merged.tuning.command.startswith("gdngen merge-tuning specs/mini.yaml run0.yaml")
     run = merge_tuning(paths[0], "missing.yaml")
     assert run.returncode == 2 and "missing.yaml: cannot read tuning file" in run.stderr
 
@@ -580,18 +606,19 @@ def test_committed_tuning_matches_the_committed_dispatch():
     may give up a little)."""
     spec = load_spec(ROOT / "specs" / "h200.yaml")
     tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec)
+    assert not tuning.stale
     assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
     for cell in tuning.cells:
-        row = h200.select(
+        rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
         )  # fmt: skip
-        assert row.source.startswith("tuned specs/h200.tuning.yaml"), row
+        assert rule.source.startswith("tuned specs/h200.tuning.yaml"), rule
         mean = {}
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
-        assert mean[row.variant] <= min(mean.values()) + 0.01, (cell, row.variant)
+        assert mean[rule.use] <= min(mean.values()) + 0.01, (cell, rule.use)
 
 
 def test_settle_times_every_variant_again_in_reverse_and_keeps_the_slower():

@@ -1,4 +1,4 @@
-"""`gdngen bench`: the side-by-side benchmark of DESIGN.md section 5 as a command."""
+"""`gdngen bench`: the side-by-side benchmark of docs/design.md ("Measuring") as a command."""
 
 from __future__ import annotations
 
@@ -86,11 +86,13 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     if not torch.cuda.is_available():
         print("gdngen bench: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from .gpu_turns import gpu_turns
-    from .impls import FLA, FlashInfer
-    from .report import dump_record, environment, markdown
+    from gdngen.measure.environment import environment
+    from gdngen.measure.gpu_turns import gpu_turns
+    from gdngen.measure.impls import FLA, FlashInfer
+    from gdngen.measure.timing import copy_bandwidth
+
+    from .report import dump_record, markdown
     from .run import grid, run_grid
-    from .timing import copy_bandwidth
 
     gpu_turn = gpu_turns(args.gpu_lock)
 

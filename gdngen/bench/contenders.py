@@ -28,12 +28,8 @@ class ContenderError(ValueError):
 def pair_variants(target: ModuleType, layout: str, state_dtype: str) -> list[str]:
     """The target's variants for one layout and state dtype, by name."""
     call = target.variant(target.VARIANTS[0])  # any variant's call loads every kernel module
-    knobs = {name: call.module(name).KNOBS for name in target.VARIANTS}
-    return [
-        name
-        for name in target.VARIANTS
-        if (knobs[name]["layout"], knobs[name]["state_dtype"]) == (layout, state_dtype)
-    ]
+    modules = [call.module(name) for name in target.VARIANTS]
+    return [m.NAME for m in modules if (m.LAYOUT, m.STATE_DTYPE) == (layout, state_dtype)]
 
 
 def tuned_cell(tuning: TuningFile, problem: Problem) -> Cell | None:

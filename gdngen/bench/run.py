@@ -12,14 +12,11 @@ from typing import Callable, ContextManager, Iterable, TextIO
 
 import torch
 
+from gdngen.measure.check import check_against_reference
+from gdngen.measure.impls import Gdngen, Impl
+from gdngen.measure.timing import rotating_sets, time_side_by_side
 from gdngen.problem import Problem, state_of
-from gdngen.reference import reference_decode
 
-from .impls import Gdngen, Impl
-from .timing import rotating_sets, time_side_by_side
-
-#: rows of a cell the correctness check compares (the first few and the last)
-CHECK_ROWS = 6
 #: a peer whose error against the reference exceeds this is flagged (ours are held to the
 #: dtype tolerances of the test suite; peers round q/k/v/gates to bf16 and use fast math)
 CHECK_TOL = 2e-2
@@ -42,44 +39,6 @@ class Result:
     status: str = "ok"
     sets: int = 0
     extra: dict = field(default_factory=dict)
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
-def check_against_reference(
-    problem: Problem, args: dict, bound, pool_before: torch.Tensor
-) -> float:
-    """Largest relative error (output, written state) over a few batch rows, after one run."""
-    bound.run()
-    torch.cuda.synchronize()
-    B = problem.batch
-    rows = torch.tensor(sorted({*range(min(B, CHECK_ROWS - 1)), B - 1}), device="cuda")
-    reads = args.get("initial_state_indices")
-    writes = args.get("output_state_indices", reads)
-    ref = reference_decode(
-        args["q"][rows], args["k"][rows], args["v"][rows], pool_before, args["A_log"],
-        args["a"][rows], args["dt_bias"], args["b"][rows], scale=problem.scale,
-        use_qk_l2norm=problem.use_qk_l2norm,
-        read_slots=None if reads is None else reads[rows],
-        write_slots=None if writes is None else writes[rows],
-        disable_state_update=problem.disable_state_update, state_layout=problem.layout,
-    ) if reads is not None else reference_decode(
-        args["q"][rows], args["k"][rows], args["v"][rows], pool_before[rows], args["A_log"],
-        args["a"][rows], args["dt_bias"], args["b"][rows], scale=problem.scale,
-        use_qk_l2norm=problem.use_qk_l2norm, disable_state_update=problem.disable_state_update,
-        state_layout=problem.layout,
-    )  # fmt: skip
-    errors = [_rel(bound.read_output()[rows], ref.output)]
-    if not problem.disable_state_update:
-        state = bound.read_state()
-        slots = rows if bound.slots is None else bound.slots.long()[rows]
-        got = state[slots]
-        if problem.layout == "v_last":
-            got = got.transpose(-1, -2)
-        errors.append(_rel(got, ref.final_state))
-    return max(errors)
 
 
 def _result(impl: Impl, problem: Problem, ran: Problem) -> Result:

@@ -1,26 +1,24 @@
-"""What a spec emits: the list of files of one target, each with its template and context.
+"""What a spec emits: the files of one target, each with its template and context.
 
-This is the one place where variants are enumerated (sorted by canonical name), and where every
-number a template prints is prepared. Templates only branch on variant fields.
+This is the one place where variants are enumerated (sorted by canonical name) and where the
+dispatch table is assembled: measured rules for the (layout, dtype) pairs whose timings still
+hold, the spec's static rules for the others (docs/design.md, "Architecture").
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdngen.spec import Spec, spec_sha256
-from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, DispatchRule, Range, Variant
-from gdngen.tune.tuning_file import TuningError, TuningFile, tuned_rows
+from gdngen.device.lanes import butterfly_offsets, reduce_scatter
+from gdngen.dispatch import Rule, coverage_gap, measured_rules
+from gdngen.spec import Spec
+from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
+from gdngen.terms import pair_key
+from gdngen.tune.tuning_file import Measured, TuningError
 
-#: bumped when the emitted files' shape changes in a way their inputs do not show
-GENERATOR_VERSION = "1"
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
-#: the kernel template and every partial it imports or includes (their text shapes each kernel)
-KERNEL_TEMPLATES = ("decode.py.j2", "_macros.j2", "_solve_stepwise.j2", "_solve_staged.j2")
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ def _summary(variant: Variant) -> str:
         unrolled = " in an unrolled loop" if variant.unroll_passes else ""
         tiles = f", {variant.row_passes} tiles one after the other{unrolled}{overlap},"
     if variant.solve == "stepwise":
-        steps = len(variant.butterfly_offsets)
+        steps = len(butterfly_offsets(variant.threads_per_group))
         over = [f"the group with a {steps}-step butterfly"] if steps else []
         if variant.k_splits > 1:
             over.append(f"the {variant.k_splits} K splits in shared memory")
@@ -69,10 +67,13 @@ def _summary(variant: Variant) -> str:
         if variant.preload_tokens:
             reduction += " (every token's q, k, v and gates loaded before the first)"
     else:
+        rows_held = reduce_scatter(
+            variant.ilp, variant.threads_per_group, variant.lane_stride
+        ).rows_held
         reduction = (
             f"solves the tokens staged: q, k and the gates of all T tokens are staged once per "
             f"CTA in shared memory, every dot product is taken against the initial state and "
-            f"reduce-scattered so that a lane owns {variant.rows_held} row(s), and the deltas are "
+            f"reduce-scattered so that a lane owns {rows_held} row(s), and the deltas are "
             f"solved in closed form"
         )
     return (
@@ -100,10 +101,12 @@ def _summary(variant: Variant) -> str:
 
 @dataclass(frozen=True)
 class PlannedFile:
-    """One file to emit: its path inside generated/<target>/, template and context."""
+    """One file to emit: its path inside generated/<target>/, template and context. ``render``
+    prepends the header (spec, template, regenerate command, content hash)."""
 
     relpath: str
     template: str
+    spec_path: str
     context: dict = field(hash=False, compare=False)
 
 
@@ -112,59 +115,10 @@ def natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-def _template_source(name: str) -> str:
-    return (TEMPLATE_DIR / name).read_text()
-
-
-def _inputs_sha256(*parts: object) -> str:
-    digest = hashlib.sha256()
-    digest.update(GENERATOR_VERSION.encode())
-    for part in parts:
-        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:16]
-
-
-def _meta(spec_path: str, inputs_sha256: str) -> dict:
-    return {
-        "spec_path": spec_path,
-        "regenerate": f"gdngen emit {spec_path}",
-        "inputs_sha256": inputs_sha256,
-    }
-
-
-def plan_target(spec: Spec, spec_path: str, tuning: Measured | None = None) -> list[PlannedFile]:
+def plan_target(spec: Spec, spec_path: str, measured: Measured | None = None) -> list[PlannedFile]:
     """Every file of generated/<spec.target>/, in a fixed order."""
-    kernel_templates = "".join(_template_source(name) for name in KERNEL_TEMPLATES)
     variants = sorted(spec.variants, key=lambda v: natural_key(spec.variant_name(v)))
     views = [VariantView.of(spec, variant) for variant in variants]
-    files: list[PlannedFile] = []
-    for view, variant in zip(views, variants):
-        knobs = variant.model_dump(mode="json")
-        inputs = _inputs_sha256(spec.sm, knobs, kernel_templates)
-        files.append(
-            PlannedFile(
-                relpath=f"kernels/{view.name}.py",
-                template="decode.py.j2",
-                context={
-                    "meta": _meta(spec_path, inputs),
-                    "name": view.name,
-                    "sm": spec.sm,
-                    "v": view,
-                    "knobs": repr(knobs),
-                },
-            )
-        )
-    whole_spec = spec_sha256(spec)
-    rows = dispatch_rows(spec, tuning)
-    dispatch_inputs = _inputs_sha256(rows, _template_source("dispatch.py.j2"))
-    files.append(
-        PlannedFile(
-            relpath="dispatch.py",
-            template="dispatch.py.j2",
-            context={"meta": _meta(spec_path, dispatch_inputs), "rows": rows},
-        )
-    )
     target_info = {
         "name": spec.target,
         "sm": spec.sm,
@@ -174,76 +128,83 @@ def plan_target(spec: Spec, spec_path: str, tuning: Measured | None = None) -> l
         "index_dtypes": list(spec.features.index_dtypes),
         "served": [list(pair) for pair in spec.served],
     }
-    init_inputs = _inputs_sha256(
-        target_info, [v.name for v in views], _template_source("target_init.py.j2")
+    files = [
+        PlannedFile(
+            relpath=f"kernels/{view.name}.py",
+            template="decode.py.j2",
+            spec_path=spec_path,
+            context={"name": view.name, "sm": spec.sm, "spec_path": spec_path, "variant": view},
+        )
+        for view in views
+    ]
+    files.append(
+        PlannedFile(
+            relpath="kernels/__init__.py",
+            template="kernels_init.py.j2",
+            spec_path=spec_path,
+            context={"target": target_info, "variant_names": [v.name for v in views]},
+        )
+    )
+    files.append(
+        PlannedFile(
+            relpath="dispatch.py",
+            template="dispatch.py.j2",
+            spec_path=spec_path,
+            context={"target": spec.target, "rules": dispatch_rules(spec, measured)},
+        )
     )
     files.append(
         PlannedFile(
             relpath="__init__.py",
             template="target_init.py.j2",
-            context={
-                "meta": _meta(spec_path, init_inputs),
-                "target": target_info,
-                "variant_names": [v.name for v in views],
-                "spec_sha256": whole_spec,
-            },
-        )
-    )
-    kernels_init_inputs = _inputs_sha256(
-        spec.target, spec.sm, _template_source("kernels_init.py.j2")
-    )
-    files.append(
-        PlannedFile(
-            relpath="kernels/__init__.py",
-            template="kernels_init.py.j2",
-            context={"meta": _meta(spec_path, kernels_init_inputs), "target": target_info},
+            spec_path=spec_path,
+            context={"target": target_info},
         )
     )
     return files
 
 
-@dataclass(frozen=True)
-class Measured:
-    """A validated tuning file and the name the emitted rows cite it by."""
+def measured_pairs(spec: Spec, measured: Measured | None) -> list[tuple[str, str]]:
+    """The served (layout, dtype) pairs whose dispatch comes from measurements."""
+    if measured is None:
+        return []
+    with_cells = {(cell.layout, cell.state_dtype) for cell in measured.cells}
+    return [pair for pair in spec.served if pair in with_cells]
 
-    tuning: TuningFile
-    name: str
 
-
-def dispatch_rows(spec: Spec, tuning: Measured | None = None) -> list[dict]:
-    """The dispatch table as literal rows (first match wins): rows chosen by measurement for the
-    (layout, dtype) pairs the tuning file covers, the spec's static rules for the others."""
-    rows = tuned_rows(tuning.tuning, spec, tuning.name) if tuning else []
-    measured = {(row["layout"], row["state_dtype"]) for row in rows}
-    if rows:
-        tuned_rules = [
-            DispatchRule(
-                layout=row["layout"], state_dtype=row["state_dtype"],
-                tokens=Range(lo=row["tokens"][0], hi=row["tokens"][1]),
-                batch_heads=Range(lo=row["batch_heads"][0], hi=row["batch_heads"][1]),
-                intermediate=row["intermediate"], use=row["variant"],
-            )
-            for row in rows
-        ]  # fmt: skip
-        static_rules = [
-            rule for rule in spec.dispatch if (rule.layout, rule.state_dtype) not in measured
-        ]
-        as_rules = tuned_rules + static_rules
-        gap = spec.dispatch_gap(as_rules)
-        if gap:
-            raise TuningError(f"{tuning.name}: its dispatch rows leave a gap: {gap}")
-    for index, rule in enumerate(spec.dispatch):
-        if (rule.layout, rule.state_dtype) in measured:
+def unmeasured_pairs(spec: Spec, measured: Measured | None) -> dict[str, str]:
+    """Served pairs whose dispatch falls back to the spec's static rules, each with why."""
+    fresh = set(measured_pairs(spec, measured))
+    reasons = {}
+    for pair in spec.served:
+        if pair in fresh:
             continue
-        rows.append(
-            {
-                "layout": rule.layout,
-                "state_dtype": rule.state_dtype,
-                "tokens": (rule.tokens.lo, rule.tokens.hi),
-                "batch_heads": (rule.batch_heads.lo, rule.batch_heads.hi),
-                "intermediate": rule.intermediate,
-                "variant": rule.use,
-                "source": f"spec dispatch[{index}]",
-            }
+        key = pair_key(*pair)
+        if measured is None:
+            reasons[key] = "no tuning file"
+        else:
+            reasons[key] = measured.stale.get(key, f"{measured.name} has no cells of it")
+    return reasons
+
+
+def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
+    """The dispatch table (first match wins): measured rules for the pairs whose timings hold,
+    then the spec's static rules for the other pairs, each citing where it came from."""
+    pairs = measured_pairs(spec, measured)
+    rules = (
+        measured_rules(measured.cells, pairs, spec.features.max_tokens, measured.name)
+        if measured
+        else []
+    )
+    rules += [
+        rule.model_copy(update={"source": f"spec dispatch[{index}]"})
+        for index, rule in enumerate(spec.dispatch)
+        if (rule.layout, rule.state_dtype) not in pairs
+    ]
+    gap = coverage_gap(rules, spec.served, spec.features.max_tokens)
+    if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured
+        where = measured.name if measured else "the spec's dispatch"
+        raise TuningError(
+            f"{where}: its dispatch rules leave a gap: no rule serves {gap.describe()}"
         )
-    return rows
+    return rules

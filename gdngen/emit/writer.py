@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gdngen.spec import Spec, spec_sha256
+from gdngen.terms import pair_key
 
-from .plan import GENERATOR_VERSION, Measured, plan_target
+from gdngen.tune.tuning_file import Measured
+
+from .plan import plan_target, unmeasured_pairs
 from .render import render
 
 MANIFEST = "MANIFEST.txt"
@@ -38,9 +41,13 @@ def expected_files(spec: Spec, spec_display: str, tuning: Measured | None = None
         f"# Files emitted by gdngen for target {spec.target} from {spec_display}; do not edit.",
         f"# Regenerate: gdngen emit {spec_display}",
         f"# Spec sha256: {spec_sha256(spec)}",
-        f"# Generator version: {GENERATOR_VERSION}",
-        f"# Dispatch: {'measured, ' + tuning.name if tuning else 'static rules of the spec'}",
     ]
+    unmeasured = unmeasured_pairs(spec, tuning)
+    measured = [pair_key(*pair) for pair in spec.served if pair_key(*pair) not in unmeasured]
+    if measured:
+        lines.append(f"# Dispatch measured ({tuning.name}): {', '.join(measured)}")
+    for pair, why in unmeasured.items():
+        lines.append(f"# Dispatch from the spec's static rules: {pair} ({why})")
     for relpath in sorted(files):
         digest = hashlib.sha256(files[relpath].encode()).hexdigest()[:16]
         lines.append(f"{digest}  {relpath}")

@@ -174,10 +174,14 @@ def check_call(
     _dims("q", q, (None, None, None, None), "[B, T, H, K]")
     B, T, H, K = q.shape
     if k.dtype != q.dtype:
-        raise TypeError(f"k: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(k.dtype)}")
+        raise TypeError(
+            f"k: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(k.dtype)}"
+        )
     _dims("k", k, (B, T, H, K), "[B, T, H, K] (as q)")
     if v.dtype != q.dtype:
-        raise TypeError(f"v: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(v.dtype)}")
+        raise TypeError(
+            f"v: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(v.dtype)}"
+        )
     _dims("v", v, (B, T, None, None), "[B, T, HV, V]")
     HV, V = v.shape[2], v.shape[3]
     if B < 1 or T < 1:
@@ -185,7 +189,9 @@ def check_call(
     gate_dtype = _dtype("a", a, GATE_DTYPES)
     _dims("a", a, (B, T, HV), "[B, T, HV]")
     if b.dtype != a.dtype:
-        raise TypeError(f"b: expected dtype {_dtype_name(a.dtype)} (as a); got {_dtype_name(b.dtype)}")
+        raise TypeError(
+            f"b: expected dtype {_dtype_name(a.dtype)} (as a); got {_dtype_name(b.dtype)}"
+        )
     _dims("b", b, (B, T, HV), "[B, T, HV]")
     if A_log.dtype != torch.float32:
         raise TypeError(f"A_log: expected dtype float32; got {_dtype_name(A_log.dtype)}")
@@ -197,7 +203,9 @@ def check_call(
 
     geometry = (H, HV, K, V)
     if not any((g.H, g.HV, g.K, g.V) == geometry for g in info.geometries):
-        served = ", ".join(f"{g.name} (H={g.H}, HV={g.HV}, K={g.K}, V={g.V})" for g in info.geometries)
+        served = ", ".join(
+            f"{g.name} (H={g.H}, HV={g.HV}, K={g.K}, V={g.V})" for g in info.geometries
+        )
         raise ValueError(
             f"q/v: geometry H={H}, HV={HV}, K={K}, V={V} was not generated for target "
             f"{info.name}; it serves {served}. Add it to the spec's geometries and re-emit."
@@ -208,7 +216,11 @@ def check_call(
         )
 
     # q, k, v rows are vector-loaded: inner dims dense, outer strides whole vectors.
-    for name, tensor, inner, meaning in (("q", q, 2, "[H, K]"), ("k", k, 2, "[H, K]"), ("v", v, 2, "[HV, V]")):
+    for name, tensor, inner, meaning in (
+        ("q", q, 2, "[H, K]"),
+        ("k", k, 2, "[H, K]"),
+        ("v", v, 2, "[HV, V]"),
+    ):
         _inner_contiguous(name, tensor, inner, meaning)
         _aligned(name, tensor, VECTOR_ALIGN // tensor.element_size(), outer_dims=2)
     _inner_contiguous("a", a, 1, "[HV]")
@@ -226,7 +238,12 @@ def check_call(
     state_dtype = _dtype(pool_name, pool, STATE_DTYPES)
     head_dims = (V, K) if state_layout == "k_last" else (K, V)
     head_meaning = "[V, K]" if state_layout == "k_last" else "[K, V]"
-    _dims(pool_name, pool, (None, HV) + head_dims, f"[pool, HV, {head_meaning[1:-1]}] ({state_layout})")
+    _dims(
+        pool_name,
+        pool,
+        (None, HV) + head_dims,
+        f"[pool, HV, {head_meaning[1:-1]}] ({state_layout})",
+    )
     if (state_layout, state_dtype) not in info.served:
         served = ", ".join(f"{lay}/{dt}" for lay, dt in info.served)
         raise ValueError(
@@ -357,7 +374,10 @@ def check_index_values(call: Call) -> None:
     """
     pool_size = call.pool.size(0)
     pool_name = "the pool"
-    for name, slots in (("initial_state_indices", call.read_slots), ("output_state_indices", call.write_slots)):
+    for name, slots in (
+        ("initial_state_indices", call.read_slots),
+        ("output_state_indices", call.write_slots),
+    ):
         if slots is None:
             continue
         host = slots.detach().to("cpu", torch.int64)
@@ -375,5 +395,7 @@ def check_index_values(call: Call) -> None:
         if live.numel() != live.unique().numel():
             values, counts = live.unique(return_counts=True)
             slot = int(values[counts > 1][0])
-            name = "output_state_indices" if call.write_slots is not None else "initial_state_indices"
+            name = (
+                "output_state_indices" if call.write_slots is not None else "initial_state_indices"
+            )
             raise ValueError(f"{name}: slot {slot} is written by more than one batch row")

@@ -1,17 +1,10 @@
-"""Plain descriptions of a generated target, as its emitted ``__init__`` spells them."""
+"""What a generated target serves, as its emitted ``__init__`` spells it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Geometry:
-    name: str
-    H: int
-    HV: int
-    K: int
-    V: int
+from gdngen.spec.model import Geometry
 
 
 @dataclass(frozen=True)
@@ -21,4 +14,5 @@ class TargetInfo:
     geometries: tuple[Geometry, ...]
     max_tokens: int
     index_dtypes: tuple[str, ...]
+    #: the (layout, state dtype) pairs its dispatch serves
     served: tuple[tuple[str, str], ...]

@@ -2,19 +2,46 @@
 
 from __future__ import annotations
 
-from .checks import Call
-from .dispatch import Row, select
-from .info import Geometry, TargetInfo
-from .launcher import DecodeCall
+import sys
+import time
+from dataclasses import dataclass, field
 
-__all__ = ["Geometry", "Target", "TargetInfo"]
+from gdngen.dispatch import CallShape, Rule, select
+
+from .checks import Call
+from .forms import Form, compile_keys
+from .info import TargetInfo
+from .launcher import DecodeCall
+from .store import find_kernel
+
+__all__ = ["Target", "TargetInfo", "WarmupSummary"]
+
+
+@dataclass
+class WarmupSummary:
+    """What ``warmup`` did: every kernel it made ready, and where each came from."""
+
+    #: (variant, T, mode, source) per kernel
+    kernels: list[tuple[str, int, str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def by_source(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for *_, source in self.kernels:
+            counts[source] = counts.get(source, 0) + 1
+        return counts
+
+    def __str__(self) -> str:
+        sources = ", ".join(f"{n} from {s}" for s, n in sorted(self.by_source.items()))
+        return f"{len(self.kernels)} kernels ready in {self.seconds:.2f} s ({sources or 'none'})"
 
 
 class Target:
     def __init__(
         self,
         info: TargetInfo,
-        table: tuple[Row, ...],
+        table: tuple[Rule, ...],
         variants: tuple[str, ...],
         *,
         kernels_package: str,
@@ -23,25 +50,24 @@ class Target:
         self.table = table
         self.variants = variants
         self.kernels_package = kernels_package
-        unknown = sorted({row.variant for row in table} - set(variants))
+        unknown = sorted({rule.use for rule in table} - set(variants))
         if unknown:
-            raise ImportError(f"target {info.name}: dispatch rows name unknown variants {unknown}")
+            raise ImportError(f"target {info.name}: dispatch rules name unknown variants {unknown}")
         self.gdn_decode = DecodeCall(
             "gdn_decode", lambda: info, self._choose, lambda: kernels_package
         )
 
     def select(
         self, *, layout: str, state_dtype: str, tokens: int, batch_heads: int, intermediate: bool
-    ) -> Row:
-        """The dispatch row that serves a call of this shape."""
-        return select(
-            self.table,
-            layout=layout,
-            state_dtype=state_dtype,
-            tokens=tokens,
-            batch_heads=batch_heads,
-            intermediate=intermediate,
-        )
+    ) -> Rule:
+        """The dispatch rule that serves a call of this shape; LookupError if none does."""
+        shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate)
+        rule = select(self.table, shape)
+        if rule is None:
+            raise LookupError(
+                f"target {self.info.name}: no dispatch rule serves {shape.describe()}"
+            )
+        return rule
 
     def _choose(self, call: Call) -> str:
         return self.select(
@@ -50,7 +76,7 @@ class Target:
             tokens=call.tokens,
             batch_heads=call.batch_heads,
             intermediate=call.cache,
-        ).variant
+        ).use
 
     def variant(self, name: str) -> DecodeCall:
         """One variant's call, with no dispatch (for tests, benchmarks and pinning)."""
@@ -60,3 +86,75 @@ class Target:
                 f"it has {', '.join(self.variants)}"
             )
         return DecodeCall(name, lambda: self.info, lambda call: name, lambda: self.kernels_package)
+
+    def warmup(
+        self,
+        *,
+        geometry: str | None = None,
+        layout: str = "k_last",
+        state_dtype: str = "bf16",
+        index_dtype: str | None = "int32",
+        max_tokens: int | None = None,
+        modes: tuple[str, ...] = ("update", "verify"),
+        separate_write_slots: bool = False,
+        io_dtype: str = "bf16",
+        gate_dtype: str = "bf16",
+        dt_bias_dtype: str = "fp32",
+        use_qk_l2norm: bool = True,
+        progress: bool = True,
+    ) -> WarmupSummary:
+        """Load (from artifacts or the disk cache) or compile every kernel that calls of one engine
+        configuration can dispatch to: each T in 1..max_tokens, each mode ("update": final state
+        written; "verify": per-token states cached, T >= 2), every batch size. It launches
+        nothing and needs no GPU, so it is safe before CUDA-graph capture. ``geometry`` names one
+        of the target's geometries (None: all); ``index_dtype`` None is a dense state."""
+        info = self.info
+        if (layout, state_dtype) not in info.served:
+            served = ", ".join(f"{a}/{b}" for a, b in info.served)
+            raise ValueError(
+                f"layout/state_dtype: target {info.name} serves {served}; got {layout}/{state_dtype}"
+            )
+        geometries = [g for g in info.geometries if geometry in (None, g.name)]
+        if not geometries:
+            names = ", ".join(g.name for g in info.geometries)
+            raise ValueError(f"geometry: target {info.name} has {names}; got {geometry!r}")
+        if index_dtype is not None and index_dtype not in info.index_dtypes:
+            raise ValueError(
+                f"index_dtype: target {info.name} takes {'/'.join(info.index_dtypes)} or None; "
+                f"got {index_dtype!r}"
+            )
+        max_tokens = info.max_tokens if max_tokens is None else max_tokens
+        if not 1 <= max_tokens <= info.max_tokens:
+            raise ValueError(f"max_tokens: expected 1..{info.max_tokens}; got {max_tokens}")
+        unknown = [m for m in modes if m not in ("update", "verify")]
+        if unknown or not modes:
+            raise ValueError(f"modes: expected 'update' and/or 'verify'; got {modes!r}")
+        forms = [
+            Form(
+                mode=mode, index_dtype=index_dtype, separate_write_slots=separate_write_slots,
+                io_dtype=io_dtype, gate_dtype=gate_dtype, dt_bias_dtype=dt_bias_dtype,
+                use_qk_l2norm=use_qk_l2norm,
+            )  # fmt: skip
+            for mode in modes
+        ]
+        keys = compile_keys(
+            self.table, arch=info.sm, geometries=geometries, pairs=[(layout, state_dtype)],
+            max_tokens=max_tokens, forms=forms,
+        )  # fmt: skip
+        summary = WarmupSummary()
+        started = time.perf_counter()
+        for index, key in enumerate(keys):
+            found = find_kernel(f"{self.kernels_package}.{key.variant}", key)
+            mode = "verify" if key.cache else "update"
+            summary.kernels.append((key.variant, key.tokens, mode, found.source))
+            if progress:
+                done = (index + 1) * 30 // len(keys)
+                print(
+                    f"\rgdngen warmup [{'#' * done}{'.' * (30 - done)}] {index + 1}/{len(keys)} "
+                    f"{key.variant} T={key.tokens} {mode} ({found.source})\033[K",
+                    end="" if index + 1 < len(keys) else "\n",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        summary.seconds = time.perf_counter() - started
+        return summary

@@ -1,13 +1,15 @@
 """Spec models and loading: the declarative input of gdngen."""
 
+from gdngen.dispatch import Range, Rule
+
 from .load import SpecError, load_spec, parse_spec, spec_sha256
-from .model import DispatchRule, Features, Geometry, Range, Spec, Variant
+from .model import Features, Geometry, Spec, Variant
 
 __all__ = [
-    "DispatchRule",
     "Features",
     "Geometry",
     "Range",
+    "Rule",
     "Spec",
     "SpecError",
     "Variant",

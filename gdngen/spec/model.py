@@ -1,30 +1,28 @@
 """The spec: what a deployment needs, as pydantic models.
 
 A spec names one target (an output folder under ``generated/``), the SM it compiles for, the
-model geometries it serves, the kernel variants (points in the knob space of DESIGN.md section 3)
-and the dispatch policy that maps a call to a variant. Every constraint between knobs is checked
+model geometries it serves, the kernel variants (points in the knob space, docs/design.md "Knobs")
+and the static dispatch rules that map a call to a variant where no measurement does. Every constraint between knobs is checked
 here, so that templates only ever see consistent variants, and a bad spec fails with the field and
 the reason instead of a traceback from the compiler.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SmTarget = Literal["sm_90a", "sm_100a"]
-Layout = Literal["k_last", "v_last"]
-StateDtype = Literal["bf16", "fp32"]
+from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
+from gdngen.dispatch import Rule, coverage_gap
+from gdngen.terms import LAYOUT_PREFIX, IndexDtype, Layout, SmTarget, StateDtype
 
 #: bytes per state element, by state dtype
 STATE_BYTES = {"bf16": 2, "fp32": 4}
-#: the head dimensions the kernels are built and tested for (DESIGN.md section 2)
+#: the head dimensions the kernels are built and tested for (docs/design.md, "Features")
 HEAD_DIMS = (64, 128, 256)
 #: width of one vector load or store, in bytes, that a lane may issue
 LOAD_BYTES = (8, 16)
-WARP = 32
 MAX_THREADS_PER_CTA = 1024
 #: fp32 registers a lane may spend on its state tile
 MAX_STATE_REGS = 128
@@ -208,96 +206,13 @@ class Variant(_Strict):
 
     @property
     def lane_stride(self) -> int:
-        """Distance in lanes between two K-neighbours of one group.
-
-        K-last: a group is ``tpg`` consecutive lanes. V-last: ``32 / tpg`` groups interleave in a
-        warp, so that lanes next to each other read neighbouring rows (coalesced along V).
-        """
-        return 1 if self.layout == "k_last" else WARP // self.threads_per_group
-
-    @property
-    def group_masks(self) -> tuple[int, ...]:
-        """The group-lane bits, largest first: one butterfly or scatter round each."""
-        depth = int(math.log2(self.threads_per_group))
-        return tuple(1 << s for s in reversed(range(depth)))
+        """Distance in warp lanes between two K-neighbours of one group (gdngen.device.lanes)."""
+        return lane_stride(self.layout, self.threads_per_group)
 
     @property
     def butterfly_offsets(self) -> tuple[int, ...]:
-        """XOR lane offsets of the group reduction, largest first."""
-        return tuple(self.lane_stride * mask for mask in self.group_masks)
-
-    # -- the staged solve's reduce-scatter (group-lane bits; offsets are in warp lanes) ----------
-
-    @property
-    def dot_values(self) -> int:
-        """Values a lane reduces per token: h.k for its ilp rows, then h.q for them."""
-        return 2 * self.ilp
-
-    @property
-    def scatter_levels(self) -> tuple[tuple[int, int, int], ...]:
-        """(xor offset, group-lane mask, half) per reduce-scatter round, largest mask first.
-
-        In a round, the lanes whose ``mask`` bit is clear keep the lower ``half`` of their values
-        and send the upper half to the partner, which keeps the upper half: one shuffle per kept
-        value instead of one per value. The first round splits h.k from h.q.
-        """
-        rounds = min(len(self.group_masks), int(math.log2(self.dot_values)))
-        return tuple(
-            (self.lane_stride * mask, mask, self.dot_values >> (r + 1))
-            for r, mask in enumerate(self.group_masks[:rounds])
-        )
-
-    @property
-    def _rest_masks(self) -> tuple[int, ...]:
-        """Group-lane bits left to a plain butterfly after the scatter rounds."""
-        return self.group_masks[len(self.scatter_levels) :]
-
-    @property
-    def scatter_rest_offsets(self) -> tuple[int, ...]:
-        """Plain butterfly offsets left once every value has one owner lane pair per round."""
-        return tuple(self.lane_stride * mask for mask in self._rest_masks)
-
-    @property
-    def rows_held(self) -> int:
-        """Consecutive rows whose reduced dots one lane holds after the reduce-scatter."""
-        return self.dot_values >> len(self.scatter_levels)
-
-    @property
-    def row_bits(self) -> tuple[tuple[int, int], ...]:
-        """(group-lane mask, rows) pairs: a lane's first held row is the sum of ``rows`` over the
-        masks its lane index has set (every scatter round after the h.k / h.q split)."""
-        return tuple((mask, half) for _, mask, half in self.scatter_levels[1:])
-
-    @property
-    def query_mask(self) -> int:
-        """Group-lane bit that is set on the lanes holding h.q (clear: h.k) after the scatter;
-        0 for a one-lane group, which has nothing to scatter (the staged solve needs tpg >= 8)."""
-        return self.scatter_levels[0][1] if self.scatter_levels else 0
-
-    @property
-    def query_offset(self) -> int:
-        """XOR offset (warp lanes) between the h.k and the h.q lane of the same rows (0: see
-        query_mask)."""
-        return self.scatter_levels[0][0] if self.scatter_levels else 0
-
-    @property
-    def writer_mask(self) -> int:
-        """Group-lane bits that are clear on the one lane that writes a row's output."""
-        return self.query_mask | sum(self._rest_masks)
-
-    @property
-    def warps(self) -> int:
-        return self.threads // WARP
-
-    @property
-    def k_per_warp_lane(self) -> int:
-        """K elements of a token's q or k that one lane of a warp stages (staged solve)."""
-        return self.head_k_dim // WARP
-
-    @property
-    def warp_butterfly_offsets(self) -> tuple[int, ...]:
-        """XOR offsets of a whole-warp butterfly, largest first."""
-        return tuple(WARP >> (s + 1) for s in range(int(math.log2(WARP))))
+        """XOR lane offsets of the group reduction, largest first (gdngen.device.lanes)."""
+        return butterfly_offsets(self.threads_per_group, self.lane_stride)
 
     @property
     def state_regs(self) -> int:
@@ -307,7 +222,7 @@ class Variant(_Strict):
     def name_for(self, sm: SmTarget) -> str:
         """The canonical variant name: file name, symbol, dispatch key, pytest id, cache key."""
         parts = [
-            "kl" if self.layout == "k_last" else "vl",
+            LAYOUT_PREFIX[self.layout],
             self.state_dtype,
             f"tv{self.tile_v}",
             f"ilp{self.ilp}",
@@ -430,54 +345,7 @@ class Features(_Strict):
     """What the target's call supports beyond the single-token dense update."""
 
     max_tokens: int = Field(default=8, ge=1, le=16)
-    index_dtypes: tuple[Literal["int32", "int64"], ...] = ("int32", "int64")
-
-
-class Range(_Strict):
-    """Inclusive integer range; ``hi: null`` means unbounded.
-
-    In YAML: ``3`` (just 3), ``[2, 8]``, ``[257, null]`` or ``{lo: 2, hi: 8}``.
-    """
-
-    lo: int = Field(ge=1)
-    hi: int | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: object) -> object:
-        if isinstance(data, bool):
-            return data
-        if isinstance(data, int):
-            return {"lo": data, "hi": data}
-        if isinstance(data, (list, tuple)):
-            if len(data) != 2:
-                raise ValueError(f"a range is [lo, hi]; got {list(data)}")
-            return {"lo": data[0], "hi": data[1]}
-        return data
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "Range":
-        if self.hi is not None and self.hi < self.lo:
-            raise ValueError(f"empty range: lo={self.lo} > hi={self.hi}")
-        return self
-
-    def contains(self, value: int) -> bool:
-        return self.lo <= value and (self.hi is None or value <= self.hi)
-
-
-class DispatchRule(_Strict):
-    """One static dispatch rule: conditions on a call, and the variant that serves it.
-
-    ``intermediate`` selects calls that cache per-token states (speculative verify: true) or
-    not (plain decode: false); ``any`` matches both.
-    """
-
-    layout: Layout
-    state_dtype: StateDtype
-    tokens: Range
-    batch_heads: Range
-    intermediate: Literal["any", "yes", "no"] = "any"
-    use: str
+    index_dtypes: tuple[IndexDtype, ...] = ("int32", "int64")
 
 
 class Tuning(_Strict):
@@ -506,6 +374,22 @@ class Tuning(_Strict):
         return self
 
 
+class CallForms(_Strict):
+    """The compile-time forms of a call that ``gdngen build`` compiles ahead of time (and that a
+    default ``warmup`` loads): for every geometry, served layout/dtype and T = 1..max_tokens,
+    every variant the dispatch can pick at some batch size, in each of these forms. ``verify``
+    (per-token states cached, no final write) is built for T >= 2, ``update`` for every T."""
+
+    modes: tuple[Literal["update", "verify"], ...] = ("update", "verify")
+    #: "none": a dense per-batch state (no slot indices); else the slot index dtype
+    slots: tuple[Literal["none", "int32", "int64"], ...] = ("int32",)
+    separate_write_slots: bool = False
+    io_dtype: Literal["bf16", "fp16"] = "bf16"
+    gate_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dt_bias_dtype: Literal["bf16", "fp32"] = "fp32"
+    use_qk_l2norm: bool = True
+
+
 class Spec(_Strict):
     """A whole spec file."""
 
@@ -515,8 +399,10 @@ class Spec(_Strict):
     geometries: Annotated[list[Geometry], Field(min_length=1)]
     features: Features = Features()
     variants: Annotated[list[Variant], Field(min_length=1)]
-    dispatch: Annotated[list[DispatchRule], Field(min_length=1)]
+    #: static dispatch rules: first match wins; measured rules replace a pair's (gdngen.dispatch)
+    dispatch: Annotated[list[Rule], Field(min_length=1)]
     tuning: Tuning | None = None
+    build: CallForms = CallForms()
 
     def variant_name(self, variant: Variant) -> str:
         return variant.name_for(self.sm)
@@ -591,41 +477,15 @@ class Spec(_Strict):
                 raise ValueError(
                     f"tuning.heads: {unknown} are not the HV of any geometry ({sorted(heads)})"
                 )
-        gap = self.dispatch_gap()
-        if gap:
-            raise ValueError(f"dispatch: {gap}")
+        gap = coverage_gap(self.dispatch, self.served, self.features.max_tokens)
+        if gap is not None:
+            raise ValueError(
+                f"dispatch: no rule serves {gap.describe()}; every served layout/dtype needs "
+                f"rules for T=1..{self.features.max_tokens} and all batch*heads"
+            )
         return self
 
     @property
     def served(self) -> tuple[tuple[str, str], ...]:
         """The (layout, state dtype) pairs this target's call accepts: those with dispatch rules."""
         return tuple(sorted({(rule.layout, rule.state_dtype) for rule in self.dispatch}))
-
-    def dispatch_gap(self, rules: list | None = None) -> str | None:
-        """The first call shape that no rule serves, described; None when the rules cover every
-        T up to max_tokens and every batch*heads, with and without intermediate states."""
-        rules = self.dispatch if rules is None else rules
-        starts = sorted(
-            {1}
-            | {r.batch_heads.lo for r in rules}
-            | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
-        )
-        for layout, state_dtype in self.served:
-            for tokens in range(1, self.features.max_tokens + 1):
-                for intermediate in ("no", "yes"):
-                    for batch_heads in starts:
-                        if not any(
-                            r.layout == layout
-                            and r.state_dtype == state_dtype
-                            and r.tokens.contains(tokens)
-                            and r.batch_heads.contains(batch_heads)
-                            and r.intermediate in ("any", intermediate)
-                            for r in rules
-                        ):
-                            return (
-                                f"no rule serves layout={layout} state_dtype={state_dtype} "
-                                f"tokens={tokens} batch_heads={batch_heads} "
-                                f"intermediate={intermediate}; every served layout/dtype needs "
-                                f"rules for T=1..{self.features.max_tokens} and all batch*heads"
-                            )
-        return None

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from gdngen.spec import parse_spec
-from gdngen.tune.measure import retime_names
-from gdngen.tune.tuning_file import load_tuning, tuned_rows
+from gdngen.tune.run import retime_names
+from gdngen.dispatch import measured_rules
+from gdngen.tune.tuning_file import load_tuning
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +56,9 @@ def test_tune_small_grid_feeds_emit(tmp_path):
     assert len(tuning.cells) == 2 * (1 + 2)  # B in {1, 4}; T=1 update, T=2 update and verify
     for cell in tuning.cells:
         assert cell.times_us and all(us > 0 for us in cell.times_us.values())
-    rows = tuned_rows(tuning, spec, "h200.tuning.yaml")
-    assert {row["intermediate"] for row in rows} == {"no", "yes"}
+    assert not tuning.stale
+    rules = measured_rules(tuning.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml")
+    assert {rule.intermediate for rule in rules} == {"no", "yes"}
 
     # --retime: a second process times each cell's contenders again and adds that timing
     run = _gdngen(
@@ -65,8 +67,8 @@ def test_tune_small_grid_feeds_emit(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     again = load_tuning(out, spec)
-    assert (again.date, again.command) == (tuning.date, tuning.command)
-    assert len(again.retimed) == 1 and "--retime" in again.retimed[0]
+    assert (again.tuning.date, again.tuning.command) == (tuning.tuning.date, tuning.tuning.command)
+    assert len(again.tuning.retimed) == 1 and "--retime" in again.tuning.retimed[0]
     before = {(c.tokens, c.mode, c.batch): c for c in tuning.cells}
     retimed = 0
     for cell in again.cells:
@@ -80,7 +82,7 @@ def test_tune_small_grid_feeds_emit(tmp_path):
             assert sorted(timing) == sorted(names) and all(us > 0 for us in timing.values())
             retimed += 1
     assert retimed > 0
-    tuned_rows(again, spec, "h200.tuning.yaml")
+    measured_rules(again.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml")
 
 
 def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):

@@ -6,7 +6,7 @@ import torch
 import generated.h200 as h200
 from gdngen.problem import Problem
 from gdngen.reference import reference_decode
-from gdngen.runtime.launcher import compiled_count
+from gdngen.runtime.store import compiled_count
 from tests.compare import assert_close
 from tests.gpu.check_call import run_and_check
 
@@ -56,7 +56,7 @@ def test_no_recompile_for_new_batch_sizes():
     row = h200.select(
         layout="k_last", state_dtype="bf16", tokens=1, batch_heads=300 * HV, intermediate=False
     )
-    lo, hi = row.batch_heads
+    lo, hi = row.batch_heads.lo, row.batch_heads.hi
     first, last = -(-lo // HV), (hi // HV if hi is not None else 1024)
     batches = sorted({first, first + 1, (first + last) // 2, last})
     assert len(batches) >= 3, f"row {row.batch_heads} holds too few batch sizes at HV={HV}"
@@ -155,11 +155,15 @@ def _unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
     ],
     ids=["float_indices", "non_contiguous_cache", "cache_steps_lt_T", "output_dtype", "A_log_dtype", "index_past_pool"],
 )
-def test_bad_inputs_leave_state_untouched(bad, error):
+@pytest.mark.parametrize("after_a_good_call", [False, True], ids=["cold", "signature_known"])
+def test_bad_inputs_leave_state_untouched(bad, error, after_a_good_call):
     problem = Problem(batch=4, tokens=2, HV=32, pool_size=8, cache_steps=2, seed=13)
     args = problem.make("cuda")
     pool = args["initial_state"]
     cache = args["intermediate_states_buffer"]
+    if after_a_good_call:  # the call path has planned this signature: the bad one differs from it
+        h200.gdn_decode(**args)
+        torch.cuda.synchronize()
     before, cache_before = pool.clone(), cache.clone()
     kind = next(iter(bad.values()))
     if kind == "float":

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 def _problem(variant: str, **fields) -> Problem:
     module = h200.variant(variant).module(variant)
-    return Problem(layout=module.LAYOUT, state_dtype=module.KNOBS["state_dtype"], **fields)
+    return Problem(layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, **fields)
 
 
 #: (id, Problem fields); each case is a distinct compile key, seeds differ per case and variant

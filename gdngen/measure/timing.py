@@ -1,4 +1,4 @@
-"""Timing on the GPU as DESIGN.md section 5 prescribes.
+"""Timing on the GPU as docs/design.md ("Measuring") prescribes.
 
 A cell is timed as a CUDA graph of back-to-back calls over rotating input sets whose total size
 is at least 4x the L2 cache (so no call finds its state in cache, and launch gaps are out), and

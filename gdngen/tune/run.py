@@ -1,7 +1,7 @@
 """`gdngen tune SPEC`: time every candidate variant of every tuning cell on this GPU.
 
 All candidates of a cell run over the same rotating input sets and are timed side by side
-(interleaved, see gdngen.bench.timing); each is checked against the float64 reference before it
+(interleaved, see gdngen.measure.timing); each is checked against the float64 reference before it
 is timed, so a wrong kernel can never win a cell, and every candidate is timed twice, so a lucky
 sample cannot either.
 
@@ -9,11 +9,11 @@ A ranking may still differ between processes or GPUs of one model: ``gdngen tune
 times the contenders of the cells already in the file once more, in its own process and on
 whatever GPU it gets, and adds that timing to each cell; the dispatch then takes, per cell, the
 variant whose mean gap to the fastest over all timings is least (see
-gdngen.tune.tuning_file.verdicts).
+gdngen.dispatch.measured.verdicts).
 
 Compiling the candidates takes most of a tune's time and needs no GPU, so several tune
 processes (one per pair or token count) may share one GPU with ``--gpu-lock``: their compiles
-overlap, and whatever they run on the GPU runs in turns (see gdngen.bench.gpu_turns).
+overlap, and whatever they run on the GPU runs in turns (see gdngen.measure.gpu_turns).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Callable, ContextManager, TextIO
 
 import torch
 
-from gdngen.bench.impls import Gdngen
-from gdngen.bench.report import environment
-from gdngen.bench.run import check_against_reference
-from gdngen.bench.timing import copy_bandwidth, rotating_sets, time_side_by_side
+from gdngen.measure.check import check_against_reference
+from gdngen.measure.environment import environment
+from gdngen.measure.impls import Gdngen
+from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.problem import Problem, state_of
 from gdngen.spec.model import Spec
 
@@ -319,7 +319,10 @@ def merge_runs(tunings: list[TuningFile], spec: Spec, command: str) -> TuningFil
         merged = merge(merged, tuning, spec)
     stale = stale_pairs(merged, spec)
     if stale:
-        raise TuneError("stale timings (re-tune these pairs): " + "; ".join(stale.values()))
+        raise TuneError(
+            "stale timings (re-tune these pairs): "
+            + "; ".join(f"{pair}: {why}" for pair, why in stale.items())
+        )
     return merged.model_copy(update={"command": command})
 
 

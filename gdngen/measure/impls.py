@@ -69,8 +69,7 @@ class Gdngen(Impl):
             return f"{problem.layout}/{problem.state_dtype} not served by target {info.name}"
         if self.variant is not None:
             module = self.call.module(self.variant)
-            knobs = module.KNOBS
-            if (knobs["layout"], knobs["state_dtype"]) != (problem.layout, problem.state_dtype):
+            if (module.LAYOUT, module.STATE_DTYPE) != (problem.layout, problem.state_dtype):
                 return "variant is for another layout/dtype"
         return None
 
@@ -83,7 +82,7 @@ class Gdngen(Impl):
             tokens=problem.tokens,
             batch_heads=problem.batch * problem.HV,
             intermediate=problem.cache_steps is not None,
-        ).variant
+        ).use
 
     def bind(self, problem: Problem, args: dict) -> Bound:
         output = _output(problem, args)

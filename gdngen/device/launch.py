@@ -1,0 +1,74 @@
+"""The host-side ``launch`` every decode kernel module shares.
+
+A kernel module defines ``decode_kernel`` (the device code) and builds its ``launch`` here: a
+``cute.jit`` function taking the same arguments plus the stream, which checks at trace time that
+the call's head dims are the ones the variant serves and launches one CTA per ``tile_v`` rows of
+each (value head, batch row). The runtime compiles ``launch`` (gdngen.runtime.compile).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Constexpr, Float32
+
+
+def decode_launcher(
+    decode_kernel,
+    *,
+    name: str,
+    tile_v: int,
+    threads: int,
+    head_k_dim: int,
+    min_ctas_per_sm: int = 0,
+):
+    """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, out, cache, scale,
+    T, use_qk_l2norm, write_final_state, stream)`` for ``decode_kernel``; with
+    ``min_ctas_per_sm``, launch bounds that fit that many CTAs on an SM."""
+
+    @cute.jit
+    def launch(
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        A_log: cute.Tensor,
+        dt_bias: cute.Tensor,
+        state: cute.Tensor,
+        read_slots,
+        write_slots,
+        out: cute.Tensor,
+        cache,
+        scale: Float32,
+        T: Constexpr[int],
+        use_qk_l2norm: Constexpr[bool],
+        write_final_state: Constexpr[bool],
+        stream,
+    ):
+        num_v_heads = v.shape[2]
+        head_v_dim = v.shape[3]
+        if cutlass.const_expr(q.shape[3] != head_k_dim or head_v_dim % tile_v != 0):
+            raise ValueError(
+                f"{name} serves K={head_k_dim} and V divisible by {tile_v}; "
+                f"got K={q.shape[3]}, V={head_v_dim}"
+            )
+        kernel = decode_kernel(
+            q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, out, cache, scale,
+            T, use_qk_l2norm, write_final_state,
+        )  # fmt: skip
+        grid = (head_v_dim // tile_v, num_v_heads, q.shape[0])
+        if cutlass.const_expr(min_ctas_per_sm > 0):
+            # The driver's default carveout; naming it keeps the compile free of device queries.
+            kernel.launch(
+                grid=grid,
+                block=(threads, 1, 1),
+                min_blocks_per_mp=min_ctas_per_sm,
+                preferred_smem_carveout=-1,
+                stream=stream,
+            )
+        else:
+            kernel.launch(grid=grid, block=(threads, 1, 1), stream=stream)
+
+    launch.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
+    return launch

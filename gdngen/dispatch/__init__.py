@@ -1,0 +1,22 @@
+"""The dispatch model: which kernel variant serves a call (docs/design.md, "Dispatch").
+
+One representation everywhere: a :class:`Rule` (conditions on a call -> the variant it ``use``s)
+is what a spec's ``dispatch:`` section holds, what ``gdngen emit`` derives from measurements
+(:mod:`.measured`, the verdict policy) and writes into ``generated/<target>/dispatch.py``, and
+what the runtime reads. First match wins, written once (:func:`select`); coverage is checked
+with the same matcher (:func:`coverage_gap`).
+"""
+
+from .measured import Verdict, measured_rules, verdicts
+from .rules import CallShape, Range, Rule, coverage_gap, select
+
+__all__ = [
+    "CallShape",
+    "Range",
+    "Rule",
+    "Verdict",
+    "coverage_gap",
+    "measured_rules",
+    "select",
+    "verdicts",
+]

@@ -1,0 +1,119 @@
+"""Dispatch rules and the one matcher: the first rule whose conditions all hold wins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gdngen.terms import Intermediate, Layout, StateDtype
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Range(_Strict):
+    """Inclusive integer range; ``hi: None`` means unbounded.
+
+    In YAML: ``3`` (just 3), ``[2, 8]``, ``[257, null]`` or ``{lo: 2, hi: 8}``.
+    """
+
+    lo: int = Field(ge=1)
+    hi: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: object) -> object:
+        if isinstance(data, bool):
+            return data
+        if isinstance(data, int):
+            return {"lo": data, "hi": data}
+        if isinstance(data, (list, tuple)):
+            if len(data) != 2:
+                raise ValueError(f"a range is [lo, hi]; got {list(data)}")
+            return {"lo": data[0], "hi": data[1]}
+        return data
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Range":
+        if self.hi is not None and self.hi < self.lo:
+            raise ValueError(f"empty range: lo={self.lo} > hi={self.hi}")
+        return self
+
+    def contains(self, value: int) -> bool:
+        return self.lo <= value and (self.hi is None or value <= self.hi)
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """What dispatch looks at in a call."""
+
+    layout: str
+    state_dtype: str
+    tokens: int
+    #: batch size times value heads (B * HV)
+    batch_heads: int
+    #: whether the call caches per-token states (speculative verify)
+    intermediate: bool
+
+    def describe(self) -> str:
+        return (
+            f"layout={self.layout} state_dtype={self.state_dtype} tokens={self.tokens} "
+            f"batch_heads={self.batch_heads} intermediate={'yes' if self.intermediate else 'no'}"
+        )
+
+
+class Rule(_Strict):
+    """Conditions on a call, and the variant that serves it.
+
+    ``source`` says where the rule came from (a spec rule, or the measurements that chose it);
+    a spec's own rules leave it empty.
+    """
+
+    layout: Layout
+    state_dtype: StateDtype
+    tokens: Range
+    batch_heads: Range
+    intermediate: Intermediate = "any"
+    use: str
+    source: str = ""
+
+    def serves(self, shape: CallShape) -> bool:
+        return (
+            self.layout == shape.layout
+            and self.state_dtype == shape.state_dtype
+            and self.tokens.contains(shape.tokens)
+            and self.batch_heads.contains(shape.batch_heads)
+            and self.intermediate in ("any", "yes" if shape.intermediate else "no")
+        )
+
+
+def select(rules: Iterable[Rule], shape: CallShape) -> Rule | None:
+    """The first rule that serves ``shape``; None if none does."""
+    for rule in rules:
+        if rule.serves(shape):
+            return rule
+    return None
+
+
+def coverage_gap(
+    rules: Sequence[Rule], pairs: Iterable[tuple[str, str]], max_tokens: int
+) -> CallShape | None:
+    """The first call shape of a served (layout, dtype) pair that no rule serves, or None when
+    the rules cover every T in 1..max_tokens and every batch*heads, with and without
+    intermediate states. Only the batch*heads where some rule starts or ends need trying."""
+    starts = sorted(
+        {1}
+        | {r.batch_heads.lo for r in rules}
+        | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
+    )
+    for layout, state_dtype in pairs:
+        for tokens in range(1, max_tokens + 1):
+            for intermediate in (False, True):
+                for batch_heads in starts:
+                    shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate)
+                    if select(rules, shape) is None:
+                        return shape
+    return None

@@ -1,0 +1,34 @@
+"""The words every part of gdngen shares: state layouts, state dtypes, SM targets, index dtypes.
+
+Spec models, dispatch rules, tuning files and the runtime checks all validate against these, so
+a new layout or dtype is added here once (see docs/design.md, "Features").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Layout = Literal["k_last", "v_last"]
+StateDtype = Literal["bf16", "fp32"]
+SmTarget = Literal["sm_90a", "sm_100a"]
+IndexDtype = Literal["int32", "int64"]
+#: which calls a dispatch rule serves: those that cache per-token states ("yes", speculative
+#: verify), those that do not ("no", plain decode), or both ("any")
+Intermediate = Literal["any", "yes", "no"]
+
+
+def pair_key(layout: str, state_dtype: str) -> str:
+    """How a (layout, state dtype) pair is named in files and messages: ``k_last/bf16``."""
+    return f"{layout}/{state_dtype}"
+
+
+#: how a variant's canonical name begins, by layout (gdngen.spec.model.Variant.name_for)
+LAYOUT_PREFIX = {"k_last": "kl", "v_last": "vl"}
+
+
+def variant_pair(name: str) -> tuple[str, str]:
+    """The (layout, state dtype) a canonical variant name spells: ``kl_bf16_...`` -> k_last/bf16.
+    (The runtime reads it from the name, so that it need not import the kernel module.)"""
+    prefix, state_dtype = name.split("_")[:2]
+    layouts = {p: layout for layout, p in LAYOUT_PREFIX.items()}
+    return layouts[prefix], state_dtype

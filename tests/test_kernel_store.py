@@ -1,0 +1,339 @@
+"""Compiled kernels on disk without a GPU: cache keys, atomic and concurrent writes, corrupt,
+foreign and stale entries, loading without the compiler, the build and cache commands, the
+signature the call path keys on, and warm-up (docs/design.md, "Architecture")."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+import generated.h200 as h200
+from gdngen.runtime import kernel_dir, store
+from gdngen.runtime.compile import CompileKey, compile_kernel
+from gdngen.runtime.forms import reachable_variants
+from gdngen.runtime.kernel_dir import KernelDir, KernelDirWarning, entry_name, fingerprint
+from gdngen.runtime.launcher import _signature
+from tests.spec_helpers import ROOT
+
+VARIANT = "kl_bf16_tv16_ilp4_vec8_tpg16_sm90"
+MODULE = f"generated.h200.kernels.{VARIANT}"
+KEY = CompileKey(
+    variant=VARIANT, arch="sm_90a", tokens=1, H=16, HV=32, K=128, V=128, io_dtype="bf16",
+    gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype="bf16", index_dtype="int32",
+    separate_write_slots=False, cache=False, write_final_state=True, use_qk_l2norm=True,
+)  # fmt: skip
+OTHER_VALUES = dict(
+    variant="kl_bf16_tv32_ilp4_vec8_tpg16_sm90", arch="sm_100a", tokens=2, H=8, HV=64, K=64,
+    V=256, io_dtype="fp16", gate_dtype="fp32", dt_bias_dtype="bf16", state_dtype="fp32",
+    index_dtype="int64", separate_write_slots=True, cache=True, write_final_state=False,
+    use_qk_l2norm=False,
+)  # fmt: skip
+
+
+def _python(code: str, env: dict, cwd=ROOT) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON line, returned parsed."""
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_every_compile_time_input_changes_the_entry():
+    assert set(OTHER_VALUES) == {f.name for f in dataclasses.fields(CompileKey)}
+    base = entry_name(fingerprint(KEY, "a" * 16))
+    for name, value in OTHER_VALUES.items():
+        changed = dataclasses.replace(KEY, **{name: value})
+        assert entry_name(fingerprint(changed, "a" * 16)) != base, name
+    assert entry_name(fingerprint(KEY, "b" * 16)) != base  # other generated code
+
+
+def test_the_toolchain_versions_change_the_entry(monkeypatch):
+    base = entry_name(fingerprint(KEY, "a" * 16))
+    monkeypatch.setattr(
+        kernel_dir,
+        "toolchain_versions",
+        lambda: {"nvidia-cutlass-dsl": "9.9", "apache-tvm-ffi": "1"},
+    )
+    assert entry_name(fingerprint(KEY, "a" * 16)) != base
+
+
+def test_module_hash_is_read_from_the_header_without_importing():
+    sys.modules.pop(MODULE, None)
+    digest = kernel_dir.module_content_sha256(MODULE)
+    assert MODULE not in sys.modules
+    header = (ROOT / "generated/h200/kernels" / f"{VARIANT}.py").read_text().splitlines()[2]
+    assert header == f"# Content sha256: {digest}"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """One real JIT compile (CPU), reused."""
+    import importlib
+
+    return compile_kernel(importlib.import_module(MODULE), KEY)
+
+
+@pytest.fixture
+def saved(tmp_path, compiled):
+    folder = KernelDir(tmp_path / "kernels", writable=True)
+    record = fingerprint(KEY, kernel_dir.module_content_sha256(MODULE))
+    folder.save(record, compiled)
+    return folder, record
+
+
+def test_a_saved_kernel_is_found_and_loaded_without_the_compiler(saved):
+    folder, record = saved
+    assert folder.has(record)
+    assert not list(folder.path.rglob("*.tmp")) and not list(folder.path.rglob(".build-*"))
+    found = _python(
+        f"""
+        import json, sys
+        from gdngen.runtime.compile import CompileKey
+        from gdngen.runtime.store import find_kernel
+        found = find_kernel("{MODULE}", CompileKey(**{dataclasses.asdict(KEY)!r}))
+        print(json.dumps({{"source": found.source, "type": type(found.kernel).__name__,
+                          "cutlass": "cutlass" in sys.modules}}))
+        """,
+        {"GDNGEN_ARTIFACTS": str(folder.path), "GDNGEN_DISK_CACHE": "0"},
+    )
+    assert found == {"source": "artifact", "type": "Function", "cutlass": False}
+
+
+def test_a_stale_artifact_is_never_loaded(saved, monkeypatch):
+    folder, record = saved
+    # The same key, other generated code: another entry name, so the artifact is not even found.
+    stale = fingerprint(KEY, "0" * 16)
+    assert folder.load(stale) is None and not folder.has(stale)
+    monkeypatch.setattr(
+        kernel_dir,
+        "toolchain_versions",
+        lambda: {"nvidia-cutlass-dsl": "0.0", "apache-tvm-ffi": "0"},
+    )
+    assert not folder.has(fingerprint(KEY, record["module_sha256"]))
+
+
+def test_a_truncated_entry_is_ignored_with_a_warning_and_rebuilt(saved, monkeypatch):
+    folder, record = saved
+    library = next(folder.path.rglob("*.so"))
+    library.write_bytes(library.read_bytes()[:1000])
+    assert not folder.has(record)
+    with pytest.warns(KernelDirWarning, match="truncated"):
+        assert folder.load(record) is None
+    # Through the store (this folder as the disk cache): rebuilt, and whole again.
+    monkeypatch.setenv("GDNGEN_CACHE_DIR", str(folder.path))
+    monkeypatch.delenv("GDNGEN_ARTIFACTS", raising=False)
+    monkeypatch.setattr(store, "_kernels", {})
+    monkeypatch.setattr(store, "_sources", {})
+    with pytest.warns(KernelDirWarning):
+        found = store.find_kernel(MODULE, KEY)
+    assert found.source == "compiled" and folder.has(record)
+
+
+def test_a_foreign_entry_is_ignored(saved, tmp_path):
+    folder, record = saved
+    other = fingerprint(dataclasses.replace(KEY, tokens=2), record["module_sha256"])
+    meta = next(folder.path.rglob("*.json"))
+    body = json.loads(meta.read_text())
+    body["fingerprint"] = other  # an entry that holds another kernel under this one's name
+    meta.write_text(json.dumps(body))
+    with pytest.warns(KernelDirWarning, match="another kernel"):
+        assert folder.load(record) is None
+
+
+class _FakeCompiled:
+    """Stands in for a compiled kernel: export_to_c writes a small real object file."""
+
+    def export_to_c(self, path, name, export_only_tvm_ffi_symbols=True):
+        source = Path(path).with_suffix(".c")
+        source.write_text(
+            "int gdngen_test_symbol(void) { return 42; }\n" + "/*" + "x" * 4000 + "*/\n"
+        )
+        subprocess.run(["cc", "-c", "-fPIC", str(source), "-o", str(path)], check=True)
+
+
+def _save_fake(path: str) -> str:
+    folder = KernelDir(path, writable=True)
+    record = fingerprint(KEY, "f" * 16)
+    with folder.locked(record):
+        if not folder.has(record):
+            folder.save(record, _FakeCompiled())
+    return "ok"
+
+
+def test_processes_writing_one_entry_at_once_leave_one_whole_entry(tmp_path):
+    with ProcessPoolExecutor(max_workers=4) as pool:
+        assert list(pool.map(_save_fake, [str(tmp_path)] * 8)) == ["ok"] * 8
+    folder = KernelDir(tmp_path, writable=True)
+    assert folder.has(fingerprint(KEY, "f" * 16))
+    assert len(list(tmp_path.rglob("*.so"))) == 1 and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_unlocked_concurrent_saves_are_atomic(tmp_path):
+    """Even without the lock, every reader sees a whole entry: each file lands by rename."""
+
+    def save(_):
+        KernelDir(tmp_path, writable=True).save(fingerprint(KEY, "e" * 16), _FakeCompiled())
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(save, range(6)))
+    assert KernelDir(tmp_path, writable=True).has(fingerprint(KEY, "e" * 16))
+
+
+def test_cache_command_shows_and_clears(saved):
+    folder, _ = saved
+    shown = subprocess.run(
+        [sys.executable, "-m", "gdngen", "cache", "--dir", str(folder.path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert shown.returncode == 0 and "1 kernels" in shown.stdout and VARIANT in shown.stdout
+    cleared = subprocess.run(
+        [sys.executable, "-m", "gdngen", "cache", "--dir", str(folder.path), "--clear"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cleared.returncode == 0 and "removed 1 kernels" in cleared.stdout
+    assert not list(folder.path.rglob("*.so"))
+
+
+def test_the_default_cache_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("GDNGEN_CACHE_DIR", str(tmp_path / "x"))
+    assert kernel_dir.default_cache_dir() == tmp_path / "x"
+    monkeypatch.delenv("GDNGEN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert kernel_dir.default_cache_dir() == tmp_path / "xdg" / "gdngen"
+
+
+def test_reachable_variants_are_every_variant_some_batch_size_gets():
+    table = h200.dispatch.TABLE
+    for layout, state_dtype in h200.INFO.served:
+        for tokens in (1, 3, 8):
+            for verify in (False, True):
+                every = {
+                    h200.select(layout=layout, state_dtype=state_dtype, tokens=tokens,
+                                batch_heads=bh, intermediate=verify).use
+                    for bh in range(1, 40000, 7)
+                } | {
+                    h200.select(layout=layout, state_dtype=state_dtype, tokens=tokens,
+                                batch_heads=bh, intermediate=verify).use
+                    for bh in (10**6, 10**8)
+                }  # fmt: skip
+                found = reachable_variants(table, layout, state_dtype, tokens, verify)
+                assert set(found) == every and len(found) == len(set(found))
+
+
+def _cpu(shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+def test_the_call_signature_changes_with_everything_the_checks_read():
+    base = _cpu((4, 8))
+    signature = _signature(base)
+    assert _signature(_cpu((4, 8))) == signature  # another tensor, same facts
+    assert _signature(_cpu((4, 9))) != signature  # shape
+    assert _signature(_cpu((8, 4)).t()) != signature  # strides
+    assert _signature(_cpu((4, 8), torch.bfloat16)) != signature  # dtype
+    assert _signature(_cpu((40,))[1:33].view(4, 8)) != signature  # base alignment
+    assert _signature(None) is None
+    with pytest.raises(AttributeError):
+        _signature([1, 2])
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (dict(layout="x_last"), "layout/state_dtype: target h200 serves"),
+        (dict(geometry="qwen9"), "geometry: target h200 has qwen3-next, qwen3.5; got 'qwen9'"),
+        (dict(index_dtype="int16"), "index_dtype: target h200 takes int32/int64 or None"),
+        (dict(max_tokens=9), "max_tokens: expected 1..8; got 9"),
+        (dict(modes=("decode",)), "modes: expected 'update' and/or 'verify'"),
+    ],
+)
+def test_warmup_names_a_bad_option(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        h200.warmup(**options)
+
+
+MINI_SPEC = """\
+target: mini
+sm: sm_90a
+geometries:
+  - {name: g, H: 16, HV: 32, K: 128, V: 128}
+features: {max_tokens: 2, index_dtypes: [int32]}
+build: {modes: [update, verify], slots: [int32]}
+variants:
+  - {layout: k_last, state_dtype: bf16, tile_v: 16, ilp: 4, vec: 8, threads_per_group: 16}
+  - {layout: k_last, state_dtype: bf16, tile_v: 64, ilp: 8, vec: 8, threads_per_group: 16}
+dispatch:
+  - {layout: k_last, state_dtype: bf16, tokens: [1, 2], batch_heads: [1, 512], use: kl_bf16_tv16_ilp4_vec8_tpg16_sm90}
+  - {layout: k_last, state_dtype: bf16, tokens: [1, 2], batch_heads: [513, null], use: kl_bf16_tv64_ilp8_vec8_tpg16_sm90}
+"""
+
+
+def test_build_then_warmup_from_the_artifacts_in_a_fresh_process(tmp_path):
+    """`gdngen build` on a small spec (no GPU): 2 variants x (T=1 update, T=2 update, T=2 verify)
+    = 6 kernels with a manifest; a fresh process warms up from them without the compiler, and a
+    second build finds them all already built."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "mini.yaml").write_text(MINI_SPEC)
+    env = {"PYTHONPATH": str(tmp_path), "GDNGEN_DISK_CACHE": "0"}
+
+    def gdngen(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "gdngen", *args], cwd=tmp_path, capture_output=True,
+            text=True, env={**os.environ, **env}, timeout=900,
+        )  # fmt: skip
+
+    assert gdngen("emit", "specs/mini.yaml").returncode == 0
+    built = gdngen("build", "specs/mini.yaml", "--out", "art", "--jobs", "2")
+    assert built.returncode == 0, built.stderr
+    manifest = json.loads((tmp_path / "art" / "MANIFEST.json").read_text())
+    assert (manifest["target"], manifest["kernels"], manifest["built"]) == ("mini", 6, 6)
+    assert all((tmp_path / "art" / e["library"]).is_file() for e in manifest["entries"])
+    again = gdngen("build", "specs/mini.yaml", "--out", "art")
+    assert again.returncode == 0 and "(0 built" in again.stdout
+
+    warmed = _python(
+        """
+        import json, sys
+        import generated.mini as mini
+        summary = mini.warmup(progress=False)
+        print(json.dumps({"by_source": summary.by_source, "cutlass": "cutlass" in sys.modules}))
+        """,
+        {**env, "GDNGEN_ARTIFACTS": str(tmp_path / "art")},
+        cwd=tmp_path,
+    )
+    assert warmed == {"by_source": {"artifact": 6}, "cutlass": False}
+
+    # generated code changed (a stale build): nothing is loaded from the old artifacts
+    kernel = tmp_path / "generated/mini/kernels/kl_bf16_tv16_ilp4_vec8_tpg16_sm90.py"
+    kernel.write_text(kernel.read_text().replace("# Content sha256: ", "# Content sha256: 0"))
+    stale = _python(
+        """
+        import json
+        import generated.mini as mini
+        print(json.dumps(mini.warmup(max_tokens=1, modes=("update",), progress=False).by_source))
+        """,
+        {**env, "GDNGEN_ARTIFACTS": str(tmp_path / "art")},
+        cwd=tmp_path,
+    )
+    assert stale == {"compiled": 1, "artifact": 1}
+
+
+def test_build_refuses_stale_generated_code(tmp_path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "mini.yaml").write_text(MINI_SPEC)
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "build", "specs/mini.yaml"], cwd=tmp_path,
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert run.returncode == 2 and "run gdngen emit specs/mini.yaml first" in run.stderr
