@@ -19,7 +19,7 @@ from gdngen.runtime import kernel_dir, store
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.runtime.forms import reachable_variants
 from gdngen.runtime.kernel_dir import KernelDir, KernelDirWarning, entry_name, fingerprint
-from gdngen.runtime.launcher import _signature
+from gdngen.runtime.launcher import call_key
 from tests.spec_helpers import ROOT
 
 VARIANT = "kl_bf16_tv16_ilp4_vec8_tpg16_sm90"
@@ -231,21 +231,49 @@ def test_reachable_variants_are_every_variant_some_batch_size_gets():
                 assert set(found) == every and len(found) == len(set(found))
 
 
-def _cpu(shape, dtype=torch.float32):
-    return torch.zeros(shape, dtype=dtype)
+def _key(**changes):
+    from gdngen.problem import Problem
+
+    args = Problem(batch=3, HV=32, pool_size=5, cache_steps=2, seed=1).make("cpu")
+    args.update(changes)
+    args.setdefault("output", None)
+    args.setdefault("output_state_indices", None)
+    return call_key(**{k: v for k, v in args.items() if k != "state_layout"}, state_layout="k_last")
 
 
-def test_the_call_signature_changes_with_everything_the_checks_read():
-    base = _cpu((4, 8))
-    signature = _signature(base)
-    assert _signature(_cpu((4, 8))) == signature  # another tensor, same facts
-    assert _signature(_cpu((4, 9))) != signature  # shape
-    assert _signature(_cpu((8, 4)).t()) != signature  # strides
-    assert _signature(_cpu((4, 8), torch.bfloat16)) != signature  # dtype
-    assert _signature(_cpu((40,))[1:33].view(4, 8)) != signature  # base alignment
-    assert _signature(None) is None
+def test_the_call_key_changes_with_what_the_kernel_does_not_check():
+    """The signature a known call is recognised by: the same facts in new tensors match; every
+    fact the compiled kernel's own argument checks do not cover makes a new signature."""
+    from gdngen.problem import Problem
+
+    base = _key()
+    assert _key() == base  # fresh tensors, same facts
+    other = Problem(batch=3, HV=32, pool_size=5, cache_steps=2, seed=1).make("cpu")
+    pool = other["initial_state"]
+    changed = {
+        "batch (dispatch)": dict(q=other["q"][:2]),
+        "value heads (dispatch)": dict(v=other["v"][:, :, :16]),
+        "io dtype": dict(q=other["q"].half()),
+        "gate dtype": dict(a=other["a"].float()),
+        "dt_bias dtype": dict(dt_bias=other["dt_bias"].bfloat16()),
+        "state dtype": dict(initial_state=pool.float()),
+        "pool size": dict(initial_state=pool[:4]),
+        "overlapping slots": dict(initial_state=torch.as_strided(pool, pool.shape, (1,) + pool.stride()[1:])),
+        "dense state": dict(state=pool, initial_state=None),
+        "index dtype": dict(initial_state_indices=other["initial_state_indices"].long()),
+        "no indices": dict(initial_state_indices=None),
+        "write slots": dict(output_state_indices=other["initial_state_indices"]),
+        "cache steps": dict(intermediate_states_buffer=other["intermediate_states_buffer"][:, :1]),
+        "no cache": dict(intermediate_states_buffer=None),
+        "output given": dict(output=torch.empty(3, 1, 32, 128, dtype=torch.bfloat16)),
+        "scale": dict(scale=0.5),
+        "flag as int": dict(use_qk_l2norm=1),
+        "flag value": dict(disable_state_update=True),
+    }  # fmt: skip
+    for what, change in changed.items():
+        assert _key(**change) != base, what
     with pytest.raises(AttributeError):
-        _signature([1, 2])
+        _key(q=[1, 2])
 
 
 @pytest.mark.parametrize(
@@ -337,3 +365,15 @@ def test_build_refuses_stale_generated_code(tmp_path):
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
     assert run.returncode == 2 and "run gdngen emit specs/mini.yaml first" in run.stderr
+
+
+def test_toolchain_versions_are_the_installed_ones():
+    from importlib import metadata
+
+    assert kernel_dir.installed_version("nvidia_cutlass_dsl", "nvidia-cutlass-dsl") == (
+        metadata.version("nvidia-cutlass-dsl")
+    )
+    assert kernel_dir.installed_version("tvm_ffi", "apache-tvm-ffi") == (
+        metadata.version("apache-tvm-ffi")
+    )
+    assert kernel_dir.installed_version("no_such_module_here", "no-such-dist") is None

@@ -1,1 +1,3 @@
-"""What every generated call runs on: input checks, dispatch, the compile cache and the launch."""
+"""What every generated call runs on: input checks, the call path and its signature cache, where a
+compiled kernel comes from (memory, ahead-of-time artifacts, the disk cache, JIT), warm-up and
+``gdngen build``, and the resource checks of the compile test (docs/design.md, "Call forms")."""

@@ -51,19 +51,30 @@ def default_cache_dir() -> Path:
     return Path(base) / "gdngen"
 
 
+def installed_version(module: str, distribution: str) -> str | None:
+    """The version of ``distribution``, read from the ``.dist-info`` folder beside its top-level
+    ``module`` (a directory listing: importlib.metadata scans every path entry, tens of ms on a
+    cold start); importlib.metadata where there is no such folder."""
+    spec = util.find_spec(module)
+    if spec is not None:
+        folders = list(spec.submodule_search_locations or [])
+        folders += [os.path.dirname(spec.origin)] if spec.origin else []
+        prefix = distribution.replace("-", "_").lower() + "-"
+        for folder in folders:
+            for entry in sorted(Path(folder).parent.glob(f"{prefix}*.dist-info")):
+                return entry.name[len(prefix) : -len(".dist-info")]
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @cache
 def toolchain_versions() -> dict[str, str | None]:
-    """The versions an entry is only valid for (read from package metadata: no imports)."""
-
-    def version(package: str) -> str | None:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return None
-
+    """The versions an entry is only valid for (found without importing either package)."""
     return {
-        "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl"),
-        "apache-tvm-ffi": version("apache-tvm-ffi"),
+        "nvidia-cutlass-dsl": installed_version("nvidia_cutlass_dsl", "nvidia-cutlass-dsl"),
+        "apache-tvm-ffi": installed_version("tvm_ffi", "apache-tvm-ffi"),
     }
 
 

@@ -1,12 +1,22 @@
 """The call behind every generated ``gdn_decode``: check, pick a variant, get its kernel, launch.
 
-The first call with a given *signature* (every tensor's shape, strides, dtype, device and base
-alignment, and every option) runs the full checks (gdngen.runtime.checks), picks the variant and
-gets the compiled kernel (gdngen.runtime.store: memory, ahead-of-time artifacts, the disk cache,
-then JIT). What it decided is kept under that signature, so a later call with the same signature
-only builds the signature to notice any change, then launches: the same checks, made once per
-signature (docs/design.md, "Call forms"). Nothing here synchronises with the GPU, and the only
-per-call allocation is the output tensor when the caller passes none.
+The first call with a given *signature* runs the full checks (gdngen.runtime.checks), picks the
+variant and gets the compiled kernel (gdngen.runtime.store: memory, ahead-of-time artifacts, the
+disk cache, then JIT); what it decided is kept under that signature. A later call with the same
+signature builds only the signature (:func:`call_key`), then launches: the same checks, made
+once per signature (docs/design.md, "Call forms").
+
+The signature holds what the checks read that the compiled kernel's own argument checks do not
+cover, and what picks a variant or a compile key. Every kernel is compiled with TVM-FFI, whose
+call checks each tensor against the compiled form before anything is launched: dtype, rank,
+static dims, the batch size shared between arguments, static strides, the divisibility of the
+dynamic ones, base alignment and the device type. The signature adds the rest: the dims that
+pick the variant (q and v), the dtypes that pick a compile key, which optional arguments are
+given, the pool's slot stride (overlapping slots) and its size (a dense state), the cache's
+steps (>= T), every tensor's device index and the options. When the kernel refuses an argument,
+the full checks run and raise their error, which names the argument; nothing has been launched.
+Nothing here synchronises with the GPU, and the only per-call allocation is the output tensor
+when the caller passes none.
 """
 
 from __future__ import annotations
@@ -42,18 +52,33 @@ def device_arch(device: torch.device) -> str:
     return arch
 
 
-def _signature(tensor) -> tuple | None:
-    """What the checks read of one tensor argument: any change of it is a new signature.
-    (AttributeError for a non-tensor: the checks then say what was expected.)"""
-    if tensor is None:
-        return None
+def call_key(
+    q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
+    initial_state_indices, output_state_indices, intermediate_states_buffer,
+    disable_state_update, state_layout,
+) -> tuple:  # fmt: skip
+    """The signature of a call (see the module docstring for what the kernel checks instead).
+    AttributeError for an argument that is not a tensor: the full checks then say which."""
+    pool = state if state is not None else initial_state
     return (
-        tensor.shape,
-        tensor.stride(),
-        tensor.dtype,
-        tensor.get_device(),
-        tensor.data_ptr() & 15,
-    )
+        q.shape, v.shape, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,
+        pool.stride(0), state is None, initial_state is None, q.get_device(), k.get_device(),
+        v.get_device(), a.get_device(), b.get_device(), A_log.get_device(),
+        dt_bias.get_device(), pool.get_device(),
+        None if output is None else output.get_device(),
+        None if initial_state_indices is None else (
+            initial_state_indices.dtype, initial_state_indices.get_device()
+        ),
+        None if output_state_indices is None else (
+            output_state_indices.dtype, output_state_indices.get_device()
+        ),
+        None if intermediate_states_buffer is None else (
+            intermediate_states_buffer.shape[1], intermediate_states_buffer.get_device()
+        ),
+        # the options with their types: 1 == True, but the checks refuse the int
+        type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
+        disable_state_update, state_layout,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -150,30 +175,17 @@ class DecodeCall:
         check_indices=False,
     ):
         try:
-            # Options keyed with their types: 1 == True, but check_call refuses the int.
-            key = (
-                _signature(q), _signature(k), _signature(v), _signature(state),
-                _signature(A_log), _signature(a), _signature(dt_bias), _signature(b),
-                _signature(output), _signature(initial_state),
-                _signature(initial_state_indices), _signature(output_state_indices),
-                _signature(intermediate_states_buffer), type(scale), scale,
-                type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
-                disable_state_update, state_layout,
+            key = call_key(
+                q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm,
+                initial_state, initial_state_indices, output_state_indices,
+                intermediate_states_buffer, disable_state_update, state_layout,
             )  # fmt: skip
             plan = None if check_indices else self._plans.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
             key, plan = None, None
-        if plan is None:
-            arguments = dict(
-                q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b, scale=scale,
-                output=output, use_qk_l2norm=use_qk_l2norm, initial_state=initial_state,
-                initial_state_indices=initial_state_indices,
-                output_state_indices=output_state_indices,
-                intermediate_states_buffer=intermediate_states_buffer,
-                disable_state_update=disable_state_update, state_layout=state_layout,
-                check_indices=check_indices,
-            )  # fmt: skip
-            _, plan = self._plan(arguments)
+        known = plan is not None
+        if not known:
+            _, plan = self._plan(self._arguments(locals()))
             if key is not None:
                 with self._lock:
                     if len(self._plans) >= MAX_SIGNATURES:
@@ -182,11 +194,26 @@ class DecodeCall:
         pool = state if state is not None else initial_state
         if output is None:
             output = torch.empty(plan.output_shape, dtype=plan.output_dtype, device=plan.device)
-        plan.kernel(
-            q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices, output_state_indices,
-            output, intermediate_states_buffer, plan.scale,
-        )  # fmt: skip
+        try:
+            plan.kernel(
+                q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices,
+                output_state_indices, output, intermediate_states_buffer, plan.scale,
+            )  # fmt: skip
+        except (ValueError, TypeError):
+            if known:  # the kernel refused an argument before launching: the checks say which
+                self._plan(self._arguments(locals()))
+            raise
         return output, pool
+
+    @staticmethod
+    def _arguments(scope: dict) -> dict:
+        """The call's arguments, as check_call takes them, from ``__call__``'s locals."""
+        names = (
+            "q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "scale", "output",
+            "use_qk_l2norm", "initial_state", "initial_state_indices", "output_state_indices",
+            "intermediate_states_buffer", "disable_state_update", "state_layout", "check_indices",
+        )  # fmt: skip
+        return {name: scope[name] for name in names}
 
     def prepare(self, q, k, v, state, A_log, a, dt_bias, b, **options) -> str:
         """Check the inputs and get the kernel that a call with them would launch, without

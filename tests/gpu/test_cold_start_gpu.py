@@ -1,13 +1,13 @@
 """The lean call path and the kernel store on a GPU: signatures planned once, changes noticed,
 concurrent first calls, capture after warm-up, and a first call served from artifacts."""
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +18,9 @@ from gdngen.runtime import store
 from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.kernel_dir import KernelDir, fingerprint, module_content_sha256
 from tests.gpu.check_call import run_and_check
-from tests.spec_helpers import ROOT
 
 pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_known_signature_is_planned_once_and_any_change_is_noticed():
@@ -45,8 +45,15 @@ def test_a_known_signature_is_planned_once_and_any_change_is_noticed():
     # A wrong dtype after a planned signature: rejected, nothing written.
     with pytest.raises(TypeError, match="b: expected dtype"):
         call(**{**args, "b": args["b"].float()})
+    # A q whose base is not 16-byte aligned (same shape, strides and dtype as the planned one)
+    flat = torch.empty(args["q"].numel() + 8, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1 : 1 + args["q"].numel()].view(args["q"].shape)
+    shifted.copy_(args["q"])
+    with pytest.raises(ValueError, match="q: data pointer must be 16-byte aligned"):
+        call(**{**args, "q": shifted})
     torch.cuda.synchronize()
     assert torch.equal(pool, before)
+    assert call.signatures() == 3  # (the call without output above is one); refused: none
 
 
 def test_concurrent_first_calls_compile_once_and_are_correct():

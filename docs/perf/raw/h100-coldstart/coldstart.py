@@ -32,6 +32,9 @@ def problem_args(batch, tokens, seed=0, verify=False):
 def first_call(mode):
     args = problem_args(1, 1)
     torch.cuda.synchronize()
+    t00 = time.perf_counter()
+    import tvm_ffi  # noqa: F401  (the target imports it too: timed apart here)
+
     t0 = time.perf_counter()
     import generated.h200 as h200
 
@@ -43,10 +46,31 @@ def first_call(mode):
 
     print(json.dumps({
         "what": "first_call", "mode": mode, "import_torch_s": T_TORCH - T_START,
-        "import_target_ms": 1e3 * (t1 - t0), "first_call_ms": 1e3 * (t2 - t1),
+        "import_tvm_ffi_ms": 1e3 * (t0 - t00), "import_target_ms": 1e3 * (t1 - t0),
+        "first_call_ms": 1e3 * (t2 - t1),
         "sources": store.sources(), "cutlass_imported": "cutlass" in sys.modules,
         "finite": bool(torch.isfinite(out).all()),
     }))
+
+
+def first_call_profile():
+    """Where a first call's time goes (disk cache or artifacts), by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    args = problem_args(1, 1)
+    torch.cuda.synchronize()
+    import generated.h200 as h200
+
+    profile = cProfile.Profile()
+    profile.enable()
+    h200.gdn_decode(**args)
+    torch.cuda.synchronize()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(25)
+    print(text.getvalue(), file=sys.stderr)
 
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -87,7 +111,9 @@ def per_call_us(fn, calls=400, repeats=7):
     return statistics.median(samples)
 
 
-def eager():
+def eager(rounds=15):
+    """Host microseconds per eager call, every implementation measured in turns over ``rounds``
+    rounds (so a change of CPU speed during the run hits all of them alike); medians."""
     import generated.h200 as h200
     from gdngen.measure.impls import FLA, FlashInfer
     from gdngen.problem import Problem
@@ -95,20 +121,27 @@ def eager():
     problem = Problem(batch=1, tokens=1, HV=64, pool_size=1, layout="k_last", state_dtype="bf16")
     args = problem.make("cuda")
     out = torch.empty(1, 1, 64, 128, dtype=torch.bfloat16, device="cuda")
-    results = {
-        "gdngen (output given)": per_call_us(lambda: h200.gdn_decode(**args, output=out)),
-        "gdngen (output allocated)": per_call_us(lambda: h200.gdn_decode(**args)),
-    }
     x = torch.zeros(1024, device="cuda")
-    results["torch x.add_(1.0)"] = per_call_us(lambda: x.add_(1.0))
+    runs = {
+        "gdngen (output given)": lambda: h200.gdn_decode(**args, output=out),
+        "gdngen (output allocated)": lambda: h200.gdn_decode(**args),
+        "torch x.add_(1.0)": lambda: x.add_(1.0),
+    }
+    missing = {}
     for peer in (FlashInfer(), FLA()):
         if peer.missing:
-            results[peer.name] = peer.missing
+            missing[peer.name] = peer.missing
             continue
         ran = peer.adapt(problem)
-        bound = peer.bind(ran, ran.make("cuda"))
-        results[peer.name] = per_call_us(bound.run)
-    print(json.dumps({"what": "eager_host_us_per_call", "B": 1, "T": 1, "HV": 64, **results}))
+        runs[peer.name] = peer.bind(ran, ran.make("cuda")).run
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            samples[name].append(per_call_us(fn, calls=200, repeats=1))
+    result = {name: statistics.median(values) for name, values in samples.items()}
+    spread = {name: [min(values), max(values)] for name, values in samples.items()}
+    print(json.dumps({"what": "eager_host_us_per_call", "B": 1, "T": 1, "HV": 64,
+                      "rounds": rounds, **result, "min_max": spread, "missing": missing}))
 
 
 def graphs():
@@ -152,4 +185,4 @@ def graphs():
 
 if __name__ == "__main__":
     {"first-call": lambda: first_call(sys.argv[2]), "warmup": warmup, "eager": eager,
-     "graphs": graphs}[sys.argv[1]]()
+     "graphs": graphs, "first-call-profile": first_call_profile}[sys.argv[1]]()
