@@ -205,6 +205,16 @@ def test_cache_command_shows_and_clears(saved):
     assert not list(folder.path.rglob("*.so"))
 
 
+def test_clearing_a_folder_removes_kernel_entries_only(saved):
+    folder, _ = saved
+    (folder.path / "notes").mkdir()
+    (folder.path / "notes" / "keep.json").write_text('{"mine": true}')
+    (folder.path / "keep.txt").write_text("mine")
+    assert folder.clear() == 1
+    assert not list(folder.path.rglob("*.so"))
+    assert (folder.path / "notes" / "keep.json").is_file() and (folder.path / "keep.txt").is_file()
+
+
 def test_the_default_cache_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GDNGEN_CACHE_DIR", str(tmp_path / "x"))
     assert kernel_dir.default_cache_dir() == tmp_path / "x"
@@ -377,3 +387,15 @@ def test_toolchain_versions_are_the_installed_ones():
         metadata.version("apache-tvm-ffi")
     )
     assert kernel_dir.installed_version("no_such_module_here", "no-such-dist") is None
+
+
+def test_an_unusable_cache_folder_falls_back_to_compiling_with_a_warning(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GDNGEN_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.delenv("GDNGEN_ARTIFACTS", raising=False)
+    monkeypatch.setattr(store, "_kernels", {})
+    monkeypatch.setattr(store, "_sources", {})
+    with pytest.warns(KernelDirWarning, match="is not usable"):
+        found = store.find_kernel(MODULE, KEY)
+    assert found.source == "compiled"

@@ -71,7 +71,7 @@ def build_artifacts(
     entries = []
     for key in keys:
         record = fingerprint(key, module_content_sha256(f"{package}.{key.variant}"))
-        library, _ = folder._files(record)
+        library, _ = folder.files(record)
         entries.append({"key": dataclasses.asdict(key), "library": str(library.relative_to(out))})
     manifest = {
         "target": spec.target,

@@ -166,14 +166,15 @@ class KernelDir:
     def __repr__(self) -> str:
         return f"KernelDir({str(self.path)!r}, writable={self.writable})"
 
-    def _files(self, record: dict) -> tuple[Path, Path]:
+    def files(self, record: dict) -> tuple[Path, Path]:
+        """The library and the record file of ``record``'s entry."""
         folder = self.path / record["key"]["variant"]
         name = entry_name(record)
         return folder / f"{name}.so", folder / f"{name}.json"
 
     def load(self, record: dict):
         """The kernel of ``record``, or None when the folder has no usable entry for it."""
-        library, meta = self._files(record)
+        library, meta = self.files(record)
         if not meta.is_file():
             return None
         try:
@@ -197,7 +198,7 @@ class KernelDir:
 
     def has(self, record: dict) -> bool:
         """Whether a complete entry for ``record`` is here (checked, not loaded)."""
-        library, meta = self._files(record)
+        library, meta = self.files(record)
         try:
             stored = json.loads(meta.read_text())
             return stored.get("fingerprint") == record and _file_sha256(library) == stored.get(
@@ -208,7 +209,7 @@ class KernelDir:
 
     def save(self, record: dict, compiled) -> None:
         """Store a JIT-compiled kernel (``cute.compile`` result with TVM-FFI) as ``record``."""
-        library, meta = self._files(record)
+        library, meta = self.files(record)
         library.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
             object_file = Path(scratch) / "kernel.o"
@@ -229,7 +230,7 @@ class KernelDir:
     @contextmanager
     def locked(self, record: dict) -> Iterator[None]:
         """Hold the entry's lock file (other processes building it wait)."""
-        library, _ = self._files(record)
+        library, _ = self.files(record)
         library.parent.mkdir(parents=True, exist_ok=True)
         with open(library.with_suffix(".lock"), "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -249,9 +250,21 @@ class KernelDir:
         return found
 
     def clear(self) -> int:
-        """Remove every entry; returns how many there were."""
-        count = len(list(self.path.glob("*/*.json")))
-        for folder in self.path.iterdir() if self.path.is_dir() else []:
-            if folder.is_dir():
-                shutil.rmtree(folder)
+        """Remove every entry (its library, record and lock file; then the folders left empty),
+        and nothing else: a folder given by mistake keeps whatever is not a kernel entry.
+        Returns how many entries there were."""
+        count = 0
+        for meta in sorted(self.path.glob("*/*.json")):
+            try:
+                is_entry = "fingerprint" in json.loads(meta.read_text())
+            except (OSError, ValueError):
+                is_entry = False
+            if not is_entry:
+                continue
+            for suffix in (".so", ".lock", ".json"):
+                meta.with_suffix(suffix).unlink(missing_ok=True)
+            count += 1
+        for folder in self.path.glob("*/"):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         return count

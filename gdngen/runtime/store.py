@@ -93,21 +93,31 @@ def find_kernel(module_name: str, key: CompileKey) -> Found:
                 break
         disk = cache_dir() if found is None else None
         if disk is not None:
-            kernel = disk.load(record)
-            if kernel is not None:
-                found = Found(kernel, "cache")
-            else:
-                with disk.locked(record):
-                    kernel = disk.load(record)  # another process may have built it meanwhile
-                    if kernel is not None:
-                        found = Found(kernel, "cache")
-                    else:
-                        found = Found(_compile(module_name, key, record, disk), "compiled")
+            try:
+                found = _from_disk_cache(module_name, key, record, disk)
+            except OSError as exc:  # a cache folder that cannot be written: compile, say so
+                warnings.warn(
+                    f"gdngen: the disk cache {disk.path} is not usable ({exc}); compiling "
+                    f"{key.variant} without it (set GDNGEN_CACHE_DIR, or GDNGEN_DISK_CACHE=0)",
+                    KernelDirWarning,
+                    stacklevel=2,
+                )
         if found is None:
             found = Found(_compile(module_name, key, record, None), "compiled")
         _kernels[cache_key] = found.kernel
         _sources[cache_key] = found.source
         return found
+
+
+def _from_disk_cache(module_name: str, key: CompileKey, record: dict, disk: KernelDir) -> Found:
+    kernel = disk.load(record)
+    if kernel is not None:
+        return Found(kernel, "cache")
+    with disk.locked(record):  # (OSError where the folder cannot be made or locked)
+        kernel = disk.load(record)  # another process may have built it meanwhile
+        if kernel is not None:
+            return Found(kernel, "cache")
+        return Found(_compile(module_name, key, record, disk), "compiled")
 
 
 def _compile(module_name: str, key: CompileKey, record: dict, disk: KernelDir | None):
