@@ -53,6 +53,13 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                 f"{remeasure_command(shown, list(unmeasured))}",
                 file=sys.stderr,
             )
+        source = (
+            "the spec's static rules"
+            + (f" ({'no tuning file' if measured is None else 'no pair measured'})")
+            if measured is None or len(unmeasured) == len(spec.served)
+            else measured.name
+            + (f" (static rules for {', '.join(unmeasured)})" if unmeasured else "")
+        )
         try:
             if args.check:
                 problems = check(spec, shown, out_root, measured)
@@ -66,18 +73,15 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                     )
                     status = 1
                 else:
-                    print(f"{out_root.name}/{spec.target}/ is up to date with {shown}")
+                    print(
+                        f"{out_root.name}/{spec.target}/ is up to date with {shown}; dispatch "
+                        f"from {source}"
+                    )
                 continue
             result = emit(spec, shown, out_root, measured)
         except (RenderError, TuningError) as exc:
             print(f"gdngen: {exc}", file=sys.stderr)
             return 3
-        source = (
-            "the spec's static rules"
-            if measured is None or len(unmeasured) == len(spec.served)
-            else measured.name
-            + (f" (static rules for {', '.join(unmeasured)})" if unmeasured else "")
-        )
         print(
             f"{out_root.name}/{spec.target}/: {len(result.written)} written, "
             f"{len(result.unchanged)} unchanged, {len(result.removed)} removed; dispatch from "
