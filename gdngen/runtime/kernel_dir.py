@@ -172,17 +172,24 @@ class KernelDir:
         name = entry_name(record)
         return folder / f"{name}.so", folder / f"{name}.json"
 
+    def _verify(self, record: dict) -> Path:
+        """The entry's library, once its record and hash are checked; ValueError says what is
+        wrong, OSError that a file is missing."""
+        library, meta = self.files(record)
+        stored = json.loads(meta.read_text())
+        if stored.get("fingerprint") != record:
+            raise ValueError("its record is for another kernel")
+        if not library.is_file() or _file_sha256(library) != stored.get("library_sha256"):
+            raise ValueError("its library is missing, truncated or not the one recorded")
+        return library
+
     def load(self, record: dict):
         """The kernel of ``record``, or None when the folder has no usable entry for it."""
-        library, meta = self.files(record)
+        _, meta = self.files(record)
         if not meta.is_file():
             return None
         try:
-            stored = json.loads(meta.read_text())
-            if stored.get("fingerprint") != record:
-                raise ValueError("its record is for another kernel")
-            if not library.is_file() or _file_sha256(library) != stored.get("library_sha256"):
-                raise ValueError("its library is missing, truncated or not the one recorded")
+            library = self._verify(record)
             import tvm_ffi
 
             _preload_runtime()
@@ -198,12 +205,9 @@ class KernelDir:
 
     def has(self, record: dict) -> bool:
         """Whether a complete entry for ``record`` is here (checked, not loaded)."""
-        library, meta = self.files(record)
         try:
-            stored = json.loads(meta.read_text())
-            return stored.get("fingerprint") == record and _file_sha256(library) == stored.get(
-                "library_sha256"
-            )
+            self._verify(record)
+            return True
         except (OSError, ValueError):
             return False
 

@@ -119,7 +119,7 @@ class DecodeCall:
     def module(self, variant: str) -> ModuleType:
         return importlib.import_module(f"{self._kernels_package()}.{variant}")
 
-    def _plan(self, arguments: dict) -> tuple[Call, Plan]:
+    def _plan(self, arguments: dict) -> Plan:
         """The full checks and the kernel for one call (slow path, once per signature)."""
         info = self._info()
         check_indices = arguments.pop("check_indices")
@@ -150,7 +150,7 @@ class DecodeCall:
             output_dtype=arguments["q"].dtype,
             device=arguments["q"].device,
         )
-        return call, plan
+        return plan
 
     def __call__(
         self,
@@ -185,7 +185,7 @@ class DecodeCall:
             key, plan = None, None
         known = plan is not None
         if not known:
-            _, plan = self._plan(self._arguments(locals()))
+            plan = self._plan(self._arguments(locals()))
             if key is not None:
                 with self._lock:
                     if len(self._plans) >= MAX_SIGNATURES:
@@ -228,7 +228,7 @@ class DecodeCall:
         if unknown:
             raise TypeError(f"prepare: unexpected keyword argument(s) {sorted(unknown)}")
         arguments.update(options)
-        _, plan = self._plan(arguments)
+        plan = self._plan(arguments)
         return plan.variant
 
     def signatures(self) -> int:
