@@ -135,3 +135,123 @@ class Problem:
                 device=device,
             )
         return args
+
+
+@dataclass(frozen=True)
+class PackedProblem:
+    """An engine-form call (docs/design.md, "Call forms"): sequences packed along one token
+    dimension with ``cu_seqlens``, drawn fresh from a seed.
+
+    ``slots="per_token"`` is vLLM's speculative-decode form: a [N, 1 + S] slot table (1 + S =
+    ``tokens``, row stride padded by ``extra_columns``) with ``num_accepted_tokens`` and the
+    padding sentinel ``null_slot``; ``slots="row"`` gives [N] indices. ``cache="rows"`` is SGLang's
+    verify form: a pool-row intermediate buffer of ``cache_rows`` rows named per sequence.
+    ``mixed_lengths`` draws each sequence's length from 1..tokens (the first padded row gets 0);
+    otherwise every sequence has ``tokens`` tokens. ``flat`` passes q/k/v as [total, heads, dim],
+    ``mixed_qkv`` as one [total, 2*H*K + HV*V] buffer (a, b as row-strided [total, HV] views).
+    """
+
+    sequences: int
+    tokens: int
+    H: int = 16
+    HV: int = 64
+    K: int = 128
+    V: int = 128
+    layout: str = "k_last"
+    state_dtype: str = "bf16"
+    index_dtype: str = "int32"
+    slots: str = "per_token"
+    null_slot: int = 0
+    padded_rows: tuple[int, ...] = ()
+    mixed_lengths: bool = False
+    cache: str = "none"
+    cache_rows: int | None = None
+    disable_state_update: bool = False
+    flat: bool = False
+    mixed_qkv: bool = False
+    extra_columns: int = 0
+    pool_size: int | None = None
+    seed: int = 0
+
+    def with_(self, **changes) -> "PackedProblem":
+        return replace(self, **changes)
+
+    @property
+    def head_shape(self) -> tuple[int, int]:
+        return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
+
+    def make(self, device: str | torch.device = "cuda") -> dict:
+        """Keyword arguments of gdn_decode."""
+        device = torch.device(device)
+        gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        N, T, H, HV, K, V = self.sequences, self.tokens, self.H, self.HV, self.K, self.V
+        index = INDEX_DTYPES[self.index_dtype]
+        if self.mixed_lengths:
+            lengths = torch.randint(1, T + 1, (N,), generator=gen)
+            if self.padded_rows:
+                lengths[self.padded_rows[0]] = 0
+        else:
+            lengths = torch.full((N,), T)
+        cu = torch.zeros(N + 1, dtype=torch.int64)
+        cu[1:] = lengths.cumsum(0)
+        total = max(int(cu[-1]), 1)
+
+        def randn(*shape, dtype=torch.bfloat16, std=1.0):
+            return (torch.randn(*shape, generator=gen) * std).to(dtype).to(device)
+
+        args = dict(scale=None, use_qk_l2norm=True, state_layout=self.layout)
+        width = 2 * H * K + HV * V
+        if self.mixed_qkv:
+            # A post-convolution buffer with room to spare in each row (a real one is a view).
+            mixed = randn(total, width + 64)[:, :width]
+            args["mixed_qkv"] = mixed if self.flat else mixed[None]
+        else:
+            shape = (total,) if self.flat else (1, total)
+            args["q"] = randn(*shape, H, K)
+            args["k"] = randn(*shape, H, K)
+            args["v"] = randn(*shape, HV, V)
+        gates = randn(total, 2 * HV, std=2.0)  # a and b side by side, as a projection gives them
+        gates[::3, 0] = 25.0  # the linear branch of softplus
+        a, b = gates[:, :HV], gates[:, HV:]
+        args["a"], args["b"] = (a, b) if self.flat or self.mixed_qkv else (a[None], b[None])
+        args["A_log"] = torch.log(torch.rand(HV, generator=gen) * 15 + 1).to(device)
+        args["dt_bias"] = randn(HV, dtype=torch.float32, std=0.5)
+
+        columns = T if self.slots == "per_token" else 1
+        pool_size = self.pool_size or N * columns + 8
+        pool = randn(pool_size, HV, *self.head_shape, dtype=TORCH_DTYPES[self.state_dtype], std=0.5)
+        perm = torch.randperm(pool_size - 1, generator=gen)[: N * columns] + 1  # slot 0: null
+        args.update(initial_state=pool, state=None, null_slot=self.null_slot)
+        pad = min(self.null_slot, -1) if self.null_slot < 0 else self.null_slot
+        if self.slots == "per_token":
+            table = torch.full((N, T + self.extra_columns), pad, dtype=torch.int64)
+            table[:, :T] = perm.view(N, T)
+            # Every value 1..1 + S in turn, so that a batch of >= 1 + S rows covers them all.
+            accepted = torch.arange(N) % T + 1
+            for row in self.padded_rows:
+                table[row] = pad
+                accepted[row] = 1
+            args["initial_state_indices"] = table.to(index).to(device)[:, : T + self.extra_columns]
+            if self.extra_columns:  # a view of a wider table: rows strided, columns dense
+                args["initial_state_indices"] = args["initial_state_indices"][:, :T]
+            args["num_accepted_tokens"] = accepted.to(index).to(device)
+        else:
+            reads = perm[:N].clone()
+            for row in self.padded_rows:
+                reads[row] = pad
+            args["initial_state_indices"] = reads.to(index).to(device)
+        if self.cache != "none":
+            rows = self.cache_rows or N if self.cache == "rows" else N
+            args["intermediate_states_buffer"] = torch.full(
+                (rows, T, HV, *self.head_shape), float("nan"),
+                dtype=TORCH_DTYPES[self.state_dtype], device=device,
+            )  # fmt: skip
+            if self.cache == "rows":
+                picks = torch.randperm(rows, generator=gen)[:N]
+                for row in self.padded_rows:
+                    picks[row] = pad
+                args["intermediate_state_indices"] = picks.to(index).to(device)
+        args["disable_state_update"] = self.disable_state_update
+        args["cu_seqlens"] = cu.to(index).to(device)
+        args["max_seqlen"] = T
+        return args

@@ -27,7 +27,9 @@ class ReferenceResult:
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
     """softplus with beta 1 and threshold 20, as a branch (never mask * log1p(exp(x)))."""
-    return torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD))))
+    return torch.where(
+        x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD)))
+    )
 
 
 def gates(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,6 +42,34 @@ def gates(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def recurrence(h, q, k, v, g, beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token loop of docs/design.md ("The math") for R rows, in float64.
+
+    ``h`` [R, HV, V, K] (K-last); ``q``, ``k`` [R, T, HV, K] (already normalised and scaled);
+    ``v`` [R, T, HV, V]; ``g``, ``beta`` [R, T, HV]. Returns the outputs [R, T, HV, V] and the state
+    after each token [R, T, HV, V, K]."""
+    outputs = []
+    states = []
+    for t in range(q.shape[1]):
+        h = g[:, t, :, None, None] * h  # decay first
+        hk = torch.einsum("bhvk,bhk->bhv", h, k[:, t])
+        u = beta[:, t, :, None] * (v[:, t].double() - hk)
+        h = h + u[..., None] * k[:, t, :, None, :]
+        outputs.append(torch.einsum("bhvk,bhk->bhv", h, q[:, t]))
+        states.append(h)
+    return torch.stack(outputs, dim=1), torch.stack(states, dim=1)
+
+
+def _heads(q, k, HV: int, scale: float, use_qk_l2norm: bool):
+    """q and k per value head, in float64, normalised (if asked) and q scaled."""
+    group = HV // q.shape[2]
+    qh = q.double().repeat_interleave(group, dim=2)
+    kh = k.double().repeat_interleave(group, dim=2)
+    if use_qk_l2norm:
+        qh, kh = l2_normalize(qh), l2_normalize(kh)
+    return qh * scale, kh
 
 
 def reference_decode(
@@ -80,24 +110,10 @@ def reference_decode(
         h = h.transpose(-1, -2)  # -> [B, HV, V, K]
     h = torch.where(live[:, None, None, None], h, torch.zeros_like(h))
 
-    group = HV // H
-    qh = q.double().repeat_interleave(group, dim=2)  # [B, T, HV, K]
-    kh = k.double().repeat_interleave(group, dim=2)
-    if use_qk_l2norm:
-        qh, kh = l2_normalize(qh), l2_normalize(kh)
-    qh = qh * scale
+    qh, kh = _heads(q, k, HV, scale, use_qk_l2norm)
     g, beta = gates(A_log, a, dt_bias, b)  # [B, T, HV]
-
-    outputs = []
-    intermediates = []
-    for t in range(T):
-        h = g[:, t, :, None, None] * h  # decay first
-        hk = torch.einsum("bhvk,bhk->bhv", h, kh[:, t])
-        u = beta[:, t, :, None] * (v[:, t].double() - hk)
-        h = h + u[..., None] * kh[:, t, :, None, :]
-        outputs.append(torch.einsum("bhvk,bhk->bhv", h, qh[:, t]))
-        intermediates.append(h)
-    output = torch.stack(outputs, dim=1)
+    output, intermediates = recurrence(h, qh, kh, v, g, beta)
+    h = intermediates[:, -1]
     output = torch.where(live[:, None, None, None], output, torch.zeros_like(output))
 
     new_pool = pool.clone()
@@ -108,6 +124,111 @@ def reference_decode(
         output=output,
         pool=new_pool,
         final_state=h,
-        intermediates=torch.stack(intermediates, dim=1),
+        intermediates=intermediates,
         live=live,
     )
+
+
+@dataclass
+class ExpectedCall:
+    """What one call of any form must leave behind (every tensor a new one)."""
+
+    output: torch.Tensor  # the kernel-form output, float64; NaN where the call writes nothing
+    pool: torch.Tensor  # the whole pool after the call, in the state dtype
+    cache: torch.Tensor | None  # the whole intermediate-state buffer after the call, or None
+
+
+def reference_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pool: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    read_slots: torch.Tensor | None = None,
+    write_slots: torch.Tensor | None = None,
+    disable_state_update: bool = False,
+    state_layout: str = "k_last",
+    null_slot: int = -1,
+    cu_seqlens: torch.Tensor | None = None,
+    num_accepted: torch.Tensor | None = None,
+    cache: torch.Tensor | None = None,
+    cache_rows: torch.Tensor | None = None,
+) -> ExpectedCall:
+    """Every call form of docs/design.md ("Call forms"), row by row, on the kernel-form tensors
+    (q [lead, tokens, H, K], ...; the packed form has lead 1 and ``cu_seqlens``).
+
+    A row is a batch row, or a packed sequence. Its initial state comes from its read slot: slot
+    n of a dense state, ``read_slots[n]``, or column ``num_accepted[n] - 1`` (column 0 without
+    it) of a [N, 1 + S] per-token table. A read or write slot ``<= null_slot`` makes the row
+    padding: zero output, no state or cache touched. Otherwise the state after token t goes to
+    the table's column t (per-token slots), to ``cache[cache_rows[n] or n, t]`` when a cache is
+    given (skipped where the cache row is padding), and the final state to the write slot unless
+    ``disable_state_update`` (or per-token slots) says not to. Stored states are rounded to the
+    state dtype; nothing else is.
+    """
+    K = q.shape[3]
+    HV = v.shape[2]
+    if scale is None:
+        scale = K**-0.5
+    qh, kh = _heads(q, k, HV, scale, use_qk_l2norm)
+    g, beta = gates(A_log, a, dt_bias, b)
+    per_token = read_slots is not None and read_slots.dim() == 2
+    rows = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    bounds = None if cu_seqlens is None else cu_seqlens.long().tolist()
+    tables = {
+        name: None if t is None else t.long().cpu()
+        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows))
+    }  # fmt: skip
+
+    output = torch.full(v.shape, float("nan"), dtype=torch.float64, device=q.device)
+    new_pool = pool.clone()
+    new_cache = None if cache is None else cache.clone()
+
+    def k_last(state):
+        return state if state_layout == "k_last" else state.transpose(-1, -2)
+
+    for n in range(rows):
+        lead, tokens = (n, slice(None)) if bounds is None else (0, slice(bounds[n], bounds[n + 1]))
+        if tables["read"] is None:
+            read = write = n
+        elif per_token:
+            column = 0 if tables["accepted"] is None else int(tables["accepted"][n]) - 1
+            read = write = int(tables["read"][n, column])
+        else:
+            read = int(tables["read"][n])
+            write = read if tables["write"] is None else int(tables["write"][n])
+        live = read > null_slot and write > null_slot
+        if tables["read"] is None:
+            live = True
+        count = output[lead, tokens].shape[0]
+        if not live:
+            output[lead, tokens] = 0.0
+            continue
+        h = k_last(pool[read]).double()[None]
+        final = h[0]  # an empty sequence leaves its state as it is
+        if count:
+            out, states = recurrence(
+                h, qh[lead, tokens][None], kh[lead, tokens][None], v[lead, tokens][None],
+                g[lead, tokens][None], beta[lead, tokens][None],
+            )  # fmt: skip
+            output[lead, tokens] = out[0]
+            final = states[0, -1]
+        if per_token:
+            for t in range(count):
+                slot = int(tables["read"][n, t])
+                if slot > null_slot:
+                    new_pool[slot] = k_last(states[0, t]).to(pool.dtype)
+        elif not disable_state_update:
+            new_pool[write] = k_last(final).to(pool.dtype)
+        if cache is not None:
+            row = n if tables["cache"] is None else int(tables["cache"][n])
+            if row > null_slot:
+                for t in range(count):
+                    new_cache[row, t] = k_last(states[0, t]).to(cache.dtype)
+    return ExpectedCall(output=output, pool=new_pool, cache=new_cache)

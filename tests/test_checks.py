@@ -419,8 +419,8 @@ def test_index_values_accepted(args, reads, writes, flags):
 @pytest.mark.parametrize(
     "reads,writes,fragment",
     [
-        ([0, 1, POOL, 2], None, "initial_state_indices: entry 2 is 8, outside the pool of 8 slots (valid: 0..7, or negative for a padded row)"),
-        ([0, 1, 2, 3], [4, 5, 6, 100], "output_state_indices: entry 3 is 100, outside the pool of 8 slots"),
+        ([0, 1, POOL, 2], None, "initial_state_indices: entry 2 is 8; expected a slot 0..7 of the pool, or <= -1 for padding"),
+        ([0, 1, 2, 3], [4, 5, 6, 100], "output_state_indices: entry 3 is 100; expected a slot 0..7 of the pool"),
         ([0, 3, 1, 3], None, "initial_state_indices: slot 3 is written by more than one batch row"),
         ([0, 1, 2, 3], [5, 4, 5, -1], "output_state_indices: slot 5 is written by more than one batch row"),
     ],

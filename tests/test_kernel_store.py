@@ -33,7 +33,8 @@ OTHER_VALUES = dict(
     variant="kl_bf16_tv32_ilp4_vec8_tpg16_sm90", arch="sm_100a", tokens=2, H=8, HV=64, K=64,
     V=256, io_dtype="fp16", gate_dtype="fp32", dt_bias_dtype="bf16", state_dtype="fp32",
     index_dtype="int64", separate_write_slots=True, cache=True, write_final_state=False,
-    use_qk_l2norm=False,
+    use_qk_l2norm=False, null_slot=0, cu_seqlens_dtype="int32", per_token_slots=True,
+    num_accepted=True, cache_rows=True,
 )  # fmt: skip
 
 
@@ -293,7 +294,11 @@ def test_the_call_key_changes_with_what_the_kernel_does_not_check():
         (dict(geometry="qwen9"), "geometry: target h200 has qwen3-next, qwen3.5; got 'qwen9'"),
         (dict(index_dtype="int16"), "index_dtype: target h200 takes int32/int64 or None"),
         (dict(max_tokens=9), "max_tokens: expected 1..8; got 9"),
-        (dict(modes=("decode",)), "modes: expected 'update' and/or 'verify'"),
+        (
+            dict(modes=("decode",)),
+            "modes: expected some of 'update', 'verify', 'spec', 'verify_rows'; got ('decode',)",
+        ),
+        (dict(null_slot=-2), "null_slot: expected an int >= -1; got -2"),
     ],
 )
 def test_warmup_names_a_bad_option(options, message):

@@ -23,7 +23,7 @@ STEPWISE = {
 }  # fmt: skip
 
 #: what loads one token's inputs: its q, k and v rows and the a and b its gates come from
-INPUT_LOADS = ("(q[n64, t,", "(k[n64, t,", "(v[n64, t,", "(a[n64, t,", "(b[n64, t,")
+INPUT_LOADS = tuple(f"({x}[seq, token_at[t]," for x in "qkvab")
 
 SOLVING_LOOP = "    norms = cute.make_rmem_tensor((3,), Float32)"
 

@@ -22,9 +22,11 @@ def decode_launcher(
     head_k_dim: int,
     min_ctas_per_sm: int = 0,
 ):
-    """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, out, cache, scale,
-    T, use_qk_l2norm, write_final_state, stream)`` for ``decode_kernel``; with
-    ``min_ctas_per_sm``, launch bounds that fit that many CTAs on an SM."""
+    """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
+    cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state, null_slot,
+    per_token_slots, stream)`` for ``decode_kernel``; with ``min_ctas_per_sm``, launch bounds
+    that fit that many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row per
+    sequence, a dense one per batch row."""
 
     @cute.jit
     def launch(
@@ -38,12 +40,17 @@ def decode_launcher(
         state: cute.Tensor,
         read_slots,
         write_slots,
+        num_accepted,
+        cu_seqlens,
+        cache_rows,
         out: cute.Tensor,
         cache,
         scale: Float32,
         T: Constexpr[int],
         use_qk_l2norm: Constexpr[bool],
         write_final_state: Constexpr[bool],
+        null_slot: Constexpr[int],
+        per_token_slots: Constexpr[bool],
         stream,
     ):
         num_v_heads = v.shape[2]
@@ -54,10 +61,14 @@ def decode_launcher(
                 f"got K={q.shape[3]}, V={head_v_dim}"
             )
         kernel = decode_kernel(
-            q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, out, cache, scale,
-            T, use_qk_l2norm, write_final_state,
+            q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
+            cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state,
+            null_slot, per_token_slots,
         )  # fmt: skip
-        grid = (head_v_dim // tile_v, num_v_heads, q.shape[0])
+        rows = q.shape[0]
+        if cutlass.const_expr(cu_seqlens is not None):
+            rows = cu_seqlens.shape[0] - 1
+        grid = (head_v_dim // tile_v, num_v_heads, rows)
         if cutlass.const_expr(min_ctas_per_sm > 0):
             # The driver's default carveout; naming it keeps the compile free of device queries.
             kernel.launch(

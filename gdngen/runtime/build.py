@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .compile import CompileKey, compile_kernel
-from .forms import compile_keys, spec_forms
+from .forms import compile_keys, key_mode, spec_forms
 from .kernel_dir import KernelDir, fingerprint, module_content_sha256, toolchain_versions
 
 MANIFEST = "MANIFEST.json"
@@ -62,7 +62,7 @@ def build_artifacts(
             outcomes.append(future.result())
             print(
                 f"[{index + 1}/{len(keys)}] {time.perf_counter() - started:6.1f}s "
-                f"{key.variant} T={key.tokens} {'verify' if key.cache else 'update'} "
+                f"{key.variant} T={key.tokens} {key_mode(key)} "
                 f"HV={key.HV} slots={key.index_dtype}: {outcomes[-1]}",
                 file=progress,
                 flush=True,

@@ -49,10 +49,28 @@ class Call:
     read_slots: torch.Tensor | None
     write_slots: torch.Tensor | None
     cache_buffer: torch.Tensor | None
+    #: engine forms (docs/design.md, "Call forms"); ``batch`` counts sequences when packed
+    null_slot: int = -1
+    cu_seqlens: torch.Tensor | None = None
+    cu_seqlens_dtype: str | None = None
+    per_token_slots: bool = False
+    num_accepted: torch.Tensor | None = None
+    cache_rows: torch.Tensor | None = None
+    total_tokens: int | None = None
 
     @property
     def batch_heads(self) -> int:
         return self.batch * self.HV
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def stores_token_states(self) -> bool:
+        """The call stores the state after every token (cache buffer or per-token slots): the
+        dispatch's ``intermediate: yes``."""
+        return self.cache or self.per_token_slots
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -125,6 +143,26 @@ def _aligned(name: str, tensor: torch.Tensor, elems_per_vector: int, outer_dims:
             )
 
 
+def _int_option(name: str, value, lowest: int, highest: int | None, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int ({what}); got {type(value).__name__}")
+    if value < lowest or (highest is not None and value > highest):
+        upper = "" if highest is None else f"..{highest}"
+        raise ValueError(f"{name}: expected {lowest}{upper or ' or more'} ({what}); got {value}")
+    return value
+
+
+def _index_vector(name: str, tensor: torch.Tensor, dtype: torch.dtype, rows: int, meaning: str):
+    """A [rows] index tensor in the slots' dtype, dense."""
+    if tensor.dtype != dtype:
+        raise TypeError(
+            f"{name}: expected dtype {_dtype_name(dtype)} (as initial_state_indices); "
+            f"got {_dtype_name(tensor.dtype)}"
+        )
+    _dims(name, tensor, (rows,), meaning)
+    _contiguous(name, tensor)
+
+
 def check_call(
     info: TargetInfo,
     *,
@@ -145,7 +183,14 @@ def check_call(
     intermediate_states_buffer,
     disable_state_update,
     state_layout,
+    null_slot=-1,
+    cu_seqlens=None,
+    max_seqlen=None,
+    num_accepted_tokens=None,
+    intermediate_state_indices=None,
 ) -> Call:
+    """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
+    form (gdngen.runtime.views lifts the packed and mixed_qkv forms first)."""
     q = _tensor("q", q)
     k = _tensor("k", k)
     v = _tensor("v", v)
@@ -159,6 +204,9 @@ def check_call(
     write_slots = _tensor("output_state_indices", output_state_indices, optional=True)
     cache_buffer = _tensor("intermediate_states_buffer", intermediate_states_buffer, optional=True)
     output = _tensor("output", output, optional=True)
+    cu_seqlens = _tensor("cu_seqlens", cu_seqlens, optional=True)
+    num_accepted = _tensor("num_accepted_tokens", num_accepted_tokens, optional=True)
+    cache_rows = _tensor("intermediate_state_indices", intermediate_state_indices, optional=True)
 
     for flag_name, flag in (
         ("use_qk_l2norm", use_qk_l2norm),
@@ -168,31 +216,61 @@ def check_call(
             raise TypeError(f"{flag_name}: expected a bool, got {type(flag).__name__}")
     if state_layout not in LAYOUTS:
         raise ValueError(f"state_layout: expected one of {LAYOUTS}; got {state_layout!r}")
+    null_slot = _int_option(
+        "null_slot", null_slot, -1, None, "slots <= null_slot are padding; -1 or more"
+    )
 
     # -- q, k, v, gates: shapes and dtypes ---------------------------------------------------------
+    # Dense: [B, T, ...], kernel row n is batch row n. Packed: [1, total_tokens, ...] with
+    # cu_seqlens [N + 1]; kernel row n is the n-th sequence, of at most T = max_seqlen tokens.
     io_dtype = _dtype("q", q, IO_DTYPES)
-    _dims("q", q, (None, None, None, None), "[B, T, H, K]")
-    B, T, H, K = q.shape
+    packed = cu_seqlens is not None
+    lead = "1, total_tokens" if packed else "B, T"
+    _dims("q", q, (1, None, None, None) if packed else (None,) * 4, f"[{lead}, H, K]")
+    rows, T, H, K = q.shape
+    cu_seqlens_dtype = total_tokens = None
+    if packed:
+        total_tokens = T
+        cu_seqlens_dtype = _dtype("cu_seqlens", cu_seqlens, INDEX_DTYPES)
+        if cu_seqlens.dim() != 1 or cu_seqlens.size(0) < 2:
+            raise ValueError(
+                f"cu_seqlens: expected shape [N + 1] with N >= 1 sequences; got {_shape(cu_seqlens)}"
+            )
+        _contiguous("cu_seqlens", cu_seqlens)
+        rows = cu_seqlens.size(0) - 1
+        if max_seqlen is None:
+            T = min(total_tokens, info.max_tokens)
+        else:
+            T = _int_option(
+                "max_seqlen", max_seqlen, 1, info.max_tokens,
+                f"the most tokens a sequence of this call has; target {info.name} serves "
+                f"1..{info.max_tokens}",
+            )  # fmt: skip
+    elif max_seqlen is not None:
+        raise ValueError(
+            "max_seqlen: only a packed call (cu_seqlens) takes it; a dense call's T is q.shape[1]"
+        )
+    token_dims = (1, total_tokens) if packed else (rows, q.shape[1])
     if k.dtype != q.dtype:
         raise TypeError(
             f"k: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(k.dtype)}"
         )
-    _dims("k", k, (B, T, H, K), "[B, T, H, K] (as q)")
+    _dims("k", k, token_dims + (H, K), f"[{lead}, H, K] (as q)")
     if v.dtype != q.dtype:
         raise TypeError(
             f"v: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(v.dtype)}"
         )
-    _dims("v", v, (B, T, None, None), "[B, T, HV, V]")
+    _dims("v", v, token_dims + (None, None), f"[{lead}, HV, V]")
     HV, V = v.shape[2], v.shape[3]
-    if B < 1 or T < 1:
+    if q.shape[0] < 1 or q.shape[1] < 1:
         raise ValueError(f"q: batch and token counts must be >= 1; got shape {_shape(q)}")
     gate_dtype = _dtype("a", a, GATE_DTYPES)
-    _dims("a", a, (B, T, HV), "[B, T, HV]")
+    _dims("a", a, token_dims + (HV,), f"[{lead}, HV]")
     if b.dtype != a.dtype:
         raise TypeError(
             f"b: expected dtype {_dtype_name(a.dtype)} (as a); got {_dtype_name(b.dtype)}"
         )
-    _dims("b", b, (B, T, HV), "[B, T, HV]")
+    _dims("b", b, token_dims + (HV,), f"[{lead}, HV]")
     if A_log.dtype != torch.float32:
         raise TypeError(f"A_log: expected dtype float32; got {_dtype_name(A_log.dtype)}")
     _dims("A_log", A_log, (HV,), "[HV]")
@@ -226,7 +304,7 @@ def check_call(
     _inner_contiguous("a", a, 1, "[HV]")
     _inner_contiguous("b", b, 1, "[HV]")
 
-    # -- the state: a dense per-batch state, or a pool with slot indices -------------------------
+    # -- the state: a dense per-row state, or a pool with slot indices ---------------------------
     if (state is None) == (initial_state is None):
         raise ValueError(
             "state / initial_state: pass exactly one: state=[B, HV, ...] updated in place, or "
@@ -260,17 +338,24 @@ def check_call(
     if pool.size(0) < 1:
         raise ValueError(f"{pool_name}: the pool is empty (shape {_shape(pool)})")
 
+    rows_meaning = "[N] (one per sequence)" if packed else "[B]"
     index_dtype = None
+    per_token_slots = False
     if read_slots is None:
-        if write_slots is not None:
+        for name, given in (
+            ("output_state_indices", write_slots),
+            ("num_accepted_tokens", num_accepted),
+            ("intermediate_state_indices", cache_rows),
+        ):
+            if given is not None:
+                raise ValueError(f"{name}: needs initial_state_indices (the read slots) as well")
+        if pool.size(0) != rows:
+            what = "sequence" if packed else "batch row"
             raise ValueError(
-                "output_state_indices: needs initial_state_indices (the read slots) as well"
+                f"{pool_name}: without initial_state_indices the state is per {what}, so its "
+                f"dim 0 must be {'N' if packed else 'B'}={rows}; got {_shape(pool)}"
             )
-        if pool.size(0) != B:
-            raise ValueError(
-                f"{pool_name}: without initial_state_indices the state is per batch row, so its "
-                f"dim 0 must be B={B}; got {_shape(pool)}"
-            )
+        null_slot = -1  # a dense state has no padding rows
     else:
         index_dtype = _dtype("initial_state_indices", read_slots, INDEX_DTYPES)
         if index_dtype not in info.index_dtypes:
@@ -278,29 +363,69 @@ def check_call(
                 f"initial_state_indices: target {info.name} was generated for "
                 f"{'/'.join(info.index_dtypes)} indices; got {index_dtype}"
             )
-        _dims("initial_state_indices", read_slots, (B,), "[B]")
-        _contiguous("initial_state_indices", read_slots)
-        if write_slots is not None:
-            if write_slots.dtype != read_slots.dtype:
-                raise TypeError(
-                    f"output_state_indices: expected dtype {_dtype_name(read_slots.dtype)} "
-                    f"(as initial_state_indices); got {_dtype_name(write_slots.dtype)}"
+        per_token_slots = read_slots.dim() == 2
+        if per_token_slots:
+            # A per-token table [N, 1 + S]: column t receives the state after token t.
+            _dims("initial_state_indices", read_slots, (rows, None), "[N, 1 + S] (per-token slots)")
+            columns = read_slots.size(1)
+            if columns < T:
+                raise ValueError(
+                    f"initial_state_indices: a per-token table needs a column per token, 1 + S >= "
+                    f"T={T}; got {_shape(read_slots)} (plain multi-token decode passes [N] indices)"
                 )
-            _dims("output_state_indices", write_slots, (B,), "[B]")
-            _contiguous("output_state_indices", write_slots)
+            if columns > 1 and read_slots.stride(1) != 1:
+                raise ValueError(
+                    f"initial_state_indices: its columns must be contiguous (strides "
+                    f"{tuple(read_slots.stride())}); rows may have any stride"
+                )
+            for name, given, why in (
+                ("output_state_indices", write_slots, "the table names the slots written"),
+                ("disable_state_update", disable_state_update or None, "the table's slots are the update"),
+            ):  # fmt: skip
+                if given is not None:
+                    raise ValueError(f"{name}: not with a per-token slot table ({why})")
+            if num_accepted is not None:
+                _index_vector(
+                    "num_accepted_tokens", num_accepted, read_slots.dtype, rows, rows_meaning
+                )
+        else:
+            _dims("initial_state_indices", read_slots, (rows,), rows_meaning)
+            _contiguous("initial_state_indices", read_slots)
+            if num_accepted is not None:
+                raise ValueError(
+                    "num_accepted_tokens: needs per-token slots, initial_state_indices of shape "
+                    f"[N, 1 + S]; got {_shape(read_slots)}"
+                )
+            if write_slots is not None:
+                if write_slots.dtype != read_slots.dtype:
+                    raise TypeError(
+                        f"output_state_indices: expected dtype {_dtype_name(read_slots.dtype)} "
+                        f"(as initial_state_indices); got {_dtype_name(write_slots.dtype)}"
+                    )
+                _dims("output_state_indices", write_slots, (rows,), rows_meaning)
+                _contiguous("output_state_indices", write_slots)
 
     # -- intermediate states and output ----------------------------------------------------------
+    if cache_rows is not None and cache_buffer is None:
+        raise ValueError(
+            "intermediate_state_indices: names rows of intermediate_states_buffer, which is missing"
+        )
     if cache_buffer is not None:
         if cache_buffer.dtype != pool.dtype:
             raise TypeError(
                 f"intermediate_states_buffer: expected dtype {_dtype_name(pool.dtype)} (as the "
                 f"state); got {_dtype_name(cache_buffer.dtype)}"
             )
+        if cache_rows is not None:
+            _index_vector(
+                "intermediate_state_indices", cache_rows, read_slots.dtype, rows, rows_meaning
+            )
         _dims(
             "intermediate_states_buffer",
             cache_buffer,
-            (B, None, HV) + head_dims,
-            f"[B, cache_steps, HV, {head_meaning[1:-1]}]",
+            (None if cache_rows is not None else rows, None, HV) + head_dims,
+            f"[{'R' if cache_rows is not None else 'N' if packed else 'B'}, cache_steps, HV, "
+            f"{head_meaning[1:-1]}]",
         )
         if cache_buffer.size(1) < T:
             raise ValueError(
@@ -315,7 +440,7 @@ def check_call(
             raise TypeError(
                 f"output: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(output.dtype)}"
             )
-        _dims("output", output, (B, T, HV, V), "[B, T, HV, V]")
+        _dims("output", output, token_dims + (HV, V), f"[{lead}, HV, V]")
         _contiguous("output", output)
         _aligned("output", output, 1, outer_dims=0)
 
@@ -327,7 +452,8 @@ def check_call(
         ("k", k), ("v", v), ("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias),
         (pool_name, pool), ("initial_state_indices", read_slots),
         ("output_state_indices", write_slots), ("intermediate_states_buffer", cache_buffer),
-        ("output", output),
+        ("output", output), ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted),
+        ("intermediate_state_indices", cache_rows),
     ]  # fmt: skip
     for name, tensor in named:
         if tensor is not None and tensor.device != device:
@@ -342,7 +468,7 @@ def check_call(
         raise ValueError(f"scale: expected a finite number; got {scale}")
 
     return Call(
-        batch=B,
+        batch=rows,
         tokens=T,
         H=H,
         HV=HV,
@@ -356,46 +482,113 @@ def check_call(
         index_dtype=index_dtype,
         separate_write_slots=write_slots is not None,
         cache=cache_buffer is not None,
-        write_final_state=not disable_state_update,
+        write_final_state=not disable_state_update and not per_token_slots,
         use_qk_l2norm=use_qk_l2norm,
         scale=float(scale),
         pool=pool,
         read_slots=read_slots,
         write_slots=write_slots,
         cache_buffer=cache_buffer,
+        null_slot=null_slot,
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_dtype=cu_seqlens_dtype,
+        per_token_slots=per_token_slots,
+        num_accepted=num_accepted,
+        cache_rows=cache_rows,
+        total_tokens=total_tokens,
     )
 
 
 def check_index_values(call: Call) -> None:
-    """Opt-in (check_indices=True): slot values in range and no slot written twice.
+    """Opt-in (check_indices=True): every index value the kernels would act on, checked.
 
-    This reads the indices back to the host, so it synchronises; the kernels themselves never
-    touch a slot outside the pool whatever the indices hold.
+    Slots in range (``<= null_slot`` is padding), no slot written by two rows, ``cu_seqlens``
+    ascending within the packed tokens with no sequence longer than T, ``num_accepted_tokens`` in
+    ``[1, 1 + S]``, cache rows inside the buffer. This reads the indices back to the host, so it
+    synchronises; the kernels themselves never touch a slot outside the pool whatever the
+    indices hold (a bad index shows as NaN output instead).
     """
+
+    def host(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to("cpu", torch.int64)
+
+    def first_bad(name: str, values: torch.Tensor, bad: torch.Tensor, expected: str, skip=0):
+        """``skip``: how many leading entries of the argument ``values`` leaves out."""
+        where = bad.nonzero()
+        if where.numel():
+            at = tuple(int(i) for i in where[0])
+            entry = at[0] + skip if len(at) == 1 else list(at)
+            raise ValueError(f"{name}: entry {entry} is {int(values[at])}; expected {expected}")
+
     pool_size = call.pool.size(0)
-    pool_name = "the pool"
-    for name, slots in (
-        ("initial_state_indices", call.read_slots),
-        ("output_state_indices", call.write_slots),
-    ):
-        if slots is None:
-            continue
-        host = slots.detach().to("cpu", torch.int64)
-        bad = (host >= pool_size).nonzero().flatten()
-        if bad.numel():
-            row = int(bad[0])
-            raise ValueError(
-                f"{name}: entry {row} is {int(host[row])}, outside {pool_name} of {pool_size} slots "
-                f"(valid: 0..{pool_size - 1}, or negative for a padded row)"
-            )
-    writes = call.write_slots if call.write_slots is not None else call.read_slots
-    if writes is not None and call.write_final_state:
-        host = writes.detach().to("cpu", torch.int64)
-        live = host[host >= 0]
+    null = call.null_slot
+    slot_range = f"a slot 0..{pool_size - 1} of the pool, or <= {null} for padding"
+    lengths = None
+    if call.cu_seqlens is not None:
+        cu = host(call.cu_seqlens)
+        first_bad("cu_seqlens", cu, cu < 0, f"offsets within the {call.total_tokens} packed tokens")
+        first_bad(
+            "cu_seqlens",
+            cu,
+            cu > call.total_tokens,
+            f"offsets within the {call.total_tokens} packed tokens",
+        )
+        lengths = cu[1:] - cu[:-1]
+        first_bad("cu_seqlens", cu[1:], lengths < 0, "ascending offsets", skip=1)
+        first_bad(
+            "cu_seqlens", cu[1:], lengths > call.tokens,
+            f"sequences of at most max_seqlen={call.tokens} tokens", skip=1,
+        )  # fmt: skip
+    live_tokens = torch.full((call.batch,), call.tokens) if lengths is None else lengths
+
+    writes: list[torch.Tensor] = []  # per row, the slots it writes (padding left out)
+    owned = torch.ones(call.batch, dtype=torch.bool)  # rows whose read slot is not padding
+    if call.read_slots is not None:
+        table = host(call.read_slots)
+        first_bad("initial_state_indices", table, (table >= pool_size) & (table > null), slot_range)
+        if call.per_token_slots:
+            columns = table.size(1)
+            read_column = torch.zeros(call.batch, dtype=torch.int64)
+            if call.num_accepted is not None:
+                accepted = host(call.num_accepted)
+                first_bad(
+                    "num_accepted_tokens", accepted, (accepted < 1) | (accepted > columns),
+                    f"1..{columns} (the columns of initial_state_indices)",
+                )  # fmt: skip
+                read_column = accepted - 1
+            owned = table.gather(1, read_column[:, None])[:, 0] > null
+            for n in range(call.batch):
+                written = table[n, : int(live_tokens[n])]
+                # A row may name one slot for several tokens: the last token's state stays.
+                writes.append(written[written > null].unique() if owned[n] else written[:0])
+        else:
+            if call.write_slots is not None:
+                out = host(call.write_slots)
+                first_bad(
+                    "output_state_indices", out, (out >= pool_size) & (out > null), slot_range
+                )
+            else:
+                out = table
+            owned = (table > null) & (out > null)
+            if call.write_final_state:
+                writes.append(out[owned])
+    seen = torch.cat(writes) if writes else torch.empty(0, dtype=torch.int64)
+    if seen.numel() != seen.unique().numel():
+        values, counts = seen.unique(return_counts=True)
+        slot = int(values[counts > 1][0])
+        name = "output_state_indices" if call.write_slots is not None else "initial_state_indices"
+        raise ValueError(f"{name}: slot {slot} is written by more than one batch row")
+    if call.cache_rows is not None:
+        cache = host(call.cache_rows)
+        limit = call.cache_buffer.size(0)
+        first_bad(
+            "intermediate_state_indices", cache, (cache >= limit) & (cache > null),
+            f"a row 0..{limit - 1} of intermediate_states_buffer, or <= {null} for padding",
+        )  # fmt: skip
+        live = cache[(cache > null) & owned]
         if live.numel() != live.unique().numel():
             values, counts = live.unique(return_counts=True)
-            slot = int(values[counts > 1][0])
-            name = (
-                "output_state_indices" if call.write_slots is not None else "initial_state_indices"
+            raise ValueError(
+                f"intermediate_state_indices: row {int(values[counts > 1][0])} of "
+                f"intermediate_states_buffer is written by more than one batch row"
             )
-            raise ValueError(f"{name}: slot {slot} is written by more than one batch row")

@@ -36,6 +36,15 @@ class CompileKey:
     cache: bool
     write_final_state: bool
     use_qk_l2norm: bool
+    #: the engine call forms (docs/design.md, "Call forms"): a slot <= null_slot is padding;
+    #: sequences packed along dim 1 with cu_seqlens of this dtype (T is then the most tokens a
+    #: sequence has); a [N, 1 + S] per-token slot table, with num_accepted_tokens; cache rows
+    #: named per row
+    null_slot: int = -1
+    cu_seqlens_dtype: str | None = None
+    per_token_slots: bool = False
+    num_accepted: bool = False
+    cache_rows: bool = False
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call) -> "CompileKey":
@@ -56,7 +65,16 @@ class CompileKey:
             cache=call.cache,
             write_final_state=call.write_final_state,
             use_qk_l2norm=call.use_qk_l2norm,
+            null_slot=call.null_slot,
+            cu_seqlens_dtype=call.cu_seqlens_dtype,
+            per_token_slots=call.per_token_slots,
+            num_accepted=call.num_accepted is not None,
+            cache_rows=call.cache_rows is not None,
         )
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens_dtype is not None
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items())
@@ -80,28 +98,34 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-    batch = cute.sym_int64(symbol="batch")
+    # Kernel rows (batch rows, or packed sequences) and the token rows of q, k, v, a, b, out:
+    # [rows, T, ...] dense, [1, total_tokens, ...] packed.
+    rows = cute.sym_int64(symbol="rows")
+    if key.packed:
+        lead, tokens = 1, cute.sym_int64(symbol="total_tokens")
+    else:
+        lead, tokens = rows, key.tokens
     pool_size = cute.sym_int64(symbol="pool_size")
     cache_steps = cute.sym_int64(symbol="cache_steps")
-    T, H, HV, K, V = key.tokens, key.H, key.HV, key.K, key.V
+    H, HV, K, V = key.H, key.HV, key.K, key.V
     io = _cute_type(key.io_dtype)
     io_vector = VECTOR_ALIGN // ELEMENT_BYTES[key.io_dtype]
 
     def outer_stride(divisibility: int):
         return cute.sym_int64(divisibility=divisibility)
 
-    def rows(heads: int, dim: int):  # [B, T, heads, dim], strided outer dims, dense inner dims
+    def token_rows(heads: int, dim: int):  # [lead, tokens, heads, dim], strided outer dims
         return make_fake_tensor(
             io,
-            (batch, T, heads, dim),
+            (lead, tokens, heads, dim),
             (outer_stride(io_vector), outer_stride(io_vector), dim, 1),
             assumed_align=VECTOR_ALIGN,
         )
 
-    def gates(dtype: str):  # [B, T, HV]
+    def gates(dtype: str):  # [lead, tokens, HV]
         return make_fake_tensor(
             _cute_type(dtype),
-            (batch, T, HV),
+            (lead, tokens, HV),
             (outer_stride(1), outer_stride(1), 1),
             assumed_align=ELEMENT_BYTES[dtype],
         )
@@ -122,19 +146,39 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         (outer_stride(state_vector), V * K, head[1], 1),
         assumed_align=VECTOR_ALIGN,
     )
-    slots = None
-    write_slots = None
+    slots = write_slots = num_accepted = cu_seqlens = cache_rows = None
     if key.index_dtype is not None:
-        slots = compact(key.index_dtype, (batch,), ELEMENT_BYTES[key.index_dtype])
+        index = _cute_type(key.index_dtype)
+        index_bytes = ELEMENT_BYTES[key.index_dtype]
+        if key.per_token_slots:  # [rows, 1 + S], any row stride
+            slots = make_fake_tensor(
+                index,
+                (rows, cute.sym_int64(symbol="slot_columns")),
+                (outer_stride(1), 1),
+                assumed_align=index_bytes,
+            )
+        else:
+            slots = compact(key.index_dtype, (rows,), index_bytes)
         if key.separate_write_slots:
-            write_slots = compact(key.index_dtype, (batch,), ELEMENT_BYTES[key.index_dtype])
+            write_slots = compact(key.index_dtype, (rows,), index_bytes)
+        if key.num_accepted:
+            num_accepted = compact(key.index_dtype, (rows,), index_bytes)
+        if key.cache_rows:
+            cache_rows = compact(key.index_dtype, (rows,), index_bytes)
+    if key.packed:
+        cu_seqlens = compact(
+            key.cu_seqlens_dtype,
+            (cute.sym_int64(symbol="sequences_plus_one"),),
+            ELEMENT_BYTES[key.cu_seqlens_dtype],
+        )
     cache = None
     if key.cache:
-        cache = compact(key.state_dtype, (batch, cache_steps, HV) + head, VECTOR_ALIGN)
+        cache_count = cute.sym_int64(symbol="cache_rows") if key.cache_rows else rows
+        cache = compact(key.state_dtype, (cache_count, cache_steps, HV) + head, VECTOR_ALIGN)
     return [
-        rows(H, K),  # q
-        rows(H, K),  # k
-        rows(HV, V),  # v
+        token_rows(H, K),  # q
+        token_rows(H, K),  # k
+        token_rows(HV, V),  # v
         gates(key.gate_dtype),  # a
         gates(key.gate_dtype),  # b
         compact("fp32", (HV,), 4),  # A_log
@@ -142,12 +186,17 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         pool,
         slots,
         write_slots,
-        compact(key.io_dtype, (batch, T, HV, V), VECTOR_ALIGN),  # out
+        num_accepted,
+        cu_seqlens,
+        cache_rows,
+        compact(key.io_dtype, (lead, tokens, HV, V), VECTOR_ALIGN),  # out
         cache,
         cutlass.Float32(1.0),  # scale (a run-time value)
-        T,
+        key.tokens,
         key.use_qk_l2norm,
         key.write_final_state,
+        key.null_slot,
+        key.per_token_slots,
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
 

@@ -31,17 +31,56 @@ def reachable_variants(
     return list(found)
 
 
+#: what each mode of a Form stores (docs/design.md, "Call forms"): "update" writes the final
+#: state; "verify" caches every token's state in a positional buffer [B, steps, ...] and writes
+#: no final state; "spec" writes every token's state into the pool slots of a per-token table
+#: [N, 1 + S] read at num_accepted_tokens (vLLM); "verify_rows" caches them in the buffer rows
+#: that intermediate_state_indices names, no final write (SGLang). All but "update" need T >= 2.
+MODES = ("update", "verify", "spec", "verify_rows")
+
+
 @dataclass(frozen=True)
 class Form:
     """One compile-time call form (everything of a CompileKey but the variant, T and geometry)."""
 
-    mode: str  # "update" (final state written) or "verify" (per-token states, no final write)
+    mode: str
     index_dtype: str | None
     separate_write_slots: bool = False
     io_dtype: str = "bf16"
     gate_dtype: str = "bf16"
     dt_bias_dtype: str = "fp32"
     use_qk_l2norm: bool = True
+    #: tokens packed with cu_seqlens (of the index dtype, int32 without slots)
+    packed: bool = False
+    null_slot: int = -1
+
+    @property
+    def stores_token_states(self) -> bool:
+        return self.mode != "update"
+
+    def key(self, variant: str, arch: str, tokens: int, geometry, state_dtype: str) -> CompileKey:
+        slotted = self.index_dtype is not None
+        return CompileKey(
+            variant=variant, arch=arch, tokens=tokens, H=geometry.H, HV=geometry.HV,
+            K=geometry.K, V=geometry.V, io_dtype=self.io_dtype, gate_dtype=self.gate_dtype,
+            dt_bias_dtype=self.dt_bias_dtype, state_dtype=state_dtype,
+            index_dtype=self.index_dtype,
+            separate_write_slots=self.separate_write_slots and slotted and self.mode != "spec",
+            cache=self.mode in ("verify", "verify_rows"), write_final_state=self.mode == "update",
+            use_qk_l2norm=self.use_qk_l2norm, null_slot=self.null_slot if slotted else -1,
+            cu_seqlens_dtype=(self.index_dtype or "int32") if self.packed else None,
+            per_token_slots=self.mode == "spec", num_accepted=self.mode == "spec",
+            cache_rows=self.mode == "verify_rows",
+        )  # fmt: skip
+
+
+def key_mode(key: CompileKey) -> str:
+    """The MODES entry a compile key was made for."""
+    if key.per_token_slots:
+        return "spec"
+    if key.cache:
+        return "verify_rows" if key.cache_rows else "verify"
+    return "update"
 
 
 def compile_keys(
@@ -60,22 +99,15 @@ def compile_keys(
         for layout, state_dtype in pairs:
             for tokens in range(1, max_tokens + 1):
                 for form in forms:
-                    verify = form.mode == "verify"
-                    if verify and tokens == 1:
+                    if form.stores_token_states and tokens == 1:
                         continue
-                    for variant in reachable_variants(table, layout, state_dtype, tokens, verify):
-                        key = CompileKey(
-                            variant=variant, arch=arch, tokens=tokens, H=geometry.H,
-                            HV=geometry.HV, K=geometry.K, V=geometry.V, io_dtype=form.io_dtype,
-                            gate_dtype=form.gate_dtype, dt_bias_dtype=form.dt_bias_dtype,
-                            state_dtype=state_dtype, index_dtype=form.index_dtype,
-                            separate_write_slots=(
-                                form.separate_write_slots and form.index_dtype is not None
-                            ),
-                            cache=verify, write_final_state=not verify,
-                            use_qk_l2norm=form.use_qk_l2norm,
-                        )  # fmt: skip
-                        keys[key] = None
+                    if form.mode in ("spec", "verify_rows") and form.index_dtype is None:
+                        continue  # these name slots or rows: no dense-state form
+                    intermediate = form.stores_token_states
+                    for variant in reachable_variants(
+                        table, layout, state_dtype, tokens, intermediate
+                    ):
+                        keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
     return list(keys)
 
 
@@ -86,8 +118,10 @@ def spec_forms(build) -> list[Form]:
             mode=mode, index_dtype=None if slots == "none" else slots,
             separate_write_slots=build.separate_write_slots, io_dtype=build.io_dtype,
             gate_dtype=build.gate_dtype, dt_bias_dtype=build.dt_bias_dtype,
-            use_qk_l2norm=build.use_qk_l2norm,
+            use_qk_l2norm=build.use_qk_l2norm, packed=packed, null_slot=null_slot,
         )  # fmt: skip
         for mode in build.modes
         for slots in build.slots
+        for packed in build.packed
+        for null_slot in build.null_slots
     ]

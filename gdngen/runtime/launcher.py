@@ -35,6 +35,7 @@ from .checks import Call, check_call, check_index_values
 from .compile import CompileKey
 from .info import TargetInfo
 from .store import kernel_for
+from .views import kernel_views, needs_views
 
 _device_arch: dict[int, str] = {}
 #: signatures remembered per call object; past this many the memory starts over (a server sees a
@@ -55,19 +56,35 @@ def device_arch(device: torch.device) -> str:
 def call_key(
     q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
     initial_state_indices, output_state_indices, intermediate_states_buffer,
-    disable_state_update, state_layout,
+    disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
+    num_accepted_tokens=None, intermediate_state_indices=None,
 ) -> tuple:  # fmt: skip
-    """The signature of a call (see the module docstring for what the kernel checks instead).
-    AttributeError for an argument that is not a tensor: the full checks then say which."""
+    """The signature of a call in the kernel's form (see the module docstring for what the
+    kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
+    then say which. A packed call's total token count is not part of it (every call has its own;
+    the kernel checks that q, k, v, a, b and the output agree on it)."""
     pool = state if state is not None else initial_state
+    if cu_seqlens is None:
+        dims = (q.shape, v.shape)
+        packed = None
+    else:
+        dims = (q.shape[0], q.shape[2:], v.shape[0], v.shape[2:])
+        packed = (
+            cu_seqlens.dtype,
+            cu_seqlens.shape,
+            cu_seqlens.get_device(),
+            type(max_seqlen),
+            max_seqlen,
+        )
     return (
-        q.shape, v.shape, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,
+        dims, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,
         pool.stride(0), state is None, initial_state is None, q.get_device(), k.get_device(),
         v.get_device(), a.get_device(), b.get_device(), A_log.get_device(),
         dt_bias.get_device(), pool.get_device(),
         None if output is None else output.get_device(),
         None if initial_state_indices is None else (
-            initial_state_indices.dtype, initial_state_indices.get_device()
+            initial_state_indices.dtype, initial_state_indices.shape[1:],
+            initial_state_indices.get_device(),
         ),
         None if output_state_indices is None else (
             output_state_indices.dtype, output_state_indices.get_device()
@@ -75,9 +92,16 @@ def call_key(
         None if intermediate_states_buffer is None else (
             intermediate_states_buffer.shape[1], intermediate_states_buffer.get_device()
         ),
+        packed,
+        None if num_accepted_tokens is None else (
+            num_accepted_tokens.dtype, num_accepted_tokens.get_device()
+        ),
+        None if intermediate_state_indices is None else (
+            intermediate_state_indices.dtype, intermediate_state_indices.get_device()
+        ),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
-        disable_state_update, state_layout,
+        disable_state_update, state_layout, type(null_slot), null_slot,
     )  # fmt: skip
 
 
@@ -88,7 +112,8 @@ class Plan:
     variant: str
     kernel: object
     scale: float
-    output_shape: tuple[int, ...]
+    #: the output's head dims (HV, V): its leading dims are q's (in the kernel's form)
+    head_shape: tuple[int, int]
     output_dtype: torch.dtype
     device: torch.device
 
@@ -142,26 +167,25 @@ class DecodeCall:
         kernel = kernel_for(
             f"{self._kernels_package()}.{variant}", CompileKey.for_call(variant, arch, call)
         )
-        plan = Plan(
+        return Plan(
             variant=variant,
             kernel=kernel,
             scale=call.scale,
-            output_shape=(call.batch, call.tokens, call.HV, call.V),
+            head_shape=(call.HV, call.V),
             output_dtype=arguments["q"].dtype,
             device=arguments["q"].device,
         )
-        return plan
 
     def __call__(
         self,
-        q,
-        k,
-        v,
-        state,
-        A_log,
-        a,
-        dt_bias,
-        b,
+        q=None,
+        k=None,
+        v=None,
+        state=None,
+        A_log=None,
+        a=None,
+        dt_bias=None,
+        b=None,
         *,
         scale=None,
         output=None,
@@ -173,12 +197,28 @@ class DecodeCall:
         disable_state_update=False,
         state_layout="k_last",
         check_indices=False,
+        null_slot=-1,
+        cu_seqlens=None,
+        max_seqlen=None,
+        num_accepted_tokens=None,
+        intermediate_state_indices=None,
+        mixed_qkv=None,
     ):
+        returned = output
+        squeeze = None
+        if needs_views(q, mixed_qkv, cu_seqlens, a, b, output):
+            views = kernel_views(
+                self._info(), q=q, k=k, v=v, a=a, b=b, output=output, mixed_qkv=mixed_qkv,
+                cu_seqlens=cu_seqlens,
+            )  # fmt: skip
+            q, k, v, a, b, output = views.q, views.k, views.v, views.a, views.b, views.output
+            squeeze = views.output_squeeze
         try:
             key = call_key(
                 q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm,
                 initial_state, initial_state_indices, output_state_indices,
-                intermediate_states_buffer, disable_state_update, state_layout,
+                intermediate_states_buffer, disable_state_update, state_layout, null_slot,
+                cu_seqlens, max_seqlen, num_accepted_tokens, intermediate_state_indices,
             )  # fmt: skip
             plan = None if check_indices else self._plans.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
@@ -193,43 +233,67 @@ class DecodeCall:
                     self._plans[key] = plan
         pool = state if state is not None else initial_state
         if output is None:
-            output = torch.empty(plan.output_shape, dtype=plan.output_dtype, device=plan.device)
+            output = torch.empty(
+                (*q.shape[:2], *plan.head_shape), dtype=plan.output_dtype, device=plan.device
+            )
+            returned = output if squeeze is None else output.squeeze(squeeze)
         try:
             plan.kernel(
                 q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices,
-                output_state_indices, output, intermediate_states_buffer, plan.scale,
+                output_state_indices, num_accepted_tokens, cu_seqlens,
+                intermediate_state_indices, output, intermediate_states_buffer, plan.scale,
             )  # fmt: skip
         except (ValueError, TypeError):
             if known:  # the kernel refused an argument before launching: the checks say which
                 self._plan(self._arguments(locals()))
             raise
-        return output, pool
+        return returned, pool
 
-    @staticmethod
-    def _arguments(scope: dict) -> dict:
+    #: the keywords check_call takes, with the call's defaults (``prepare`` starts from these)
+    CHECKED = dict(
+        q=None, k=None, v=None, state=None, A_log=None, a=None, dt_bias=None, b=None, scale=None,
+        output=None, use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
+        output_state_indices=None, intermediate_states_buffer=None, disable_state_update=False,
+        state_layout="k_last", check_indices=False, null_slot=-1, cu_seqlens=None,
+        max_seqlen=None, num_accepted_tokens=None, intermediate_state_indices=None,
+    )  # fmt: skip
+
+    @classmethod
+    def _arguments(cls, scope: dict) -> dict:
         """The call's arguments, as check_call takes them, from ``__call__``'s locals."""
-        names = (
-            "q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "scale", "output",
-            "use_qk_l2norm", "initial_state", "initial_state_indices", "output_state_indices",
-            "intermediate_states_buffer", "disable_state_update", "state_layout", "check_indices",
-        )  # fmt: skip
-        return {name: scope[name] for name in names}
+        return {name: scope[name] for name in cls.CHECKED}
 
-    def prepare(self, q, k, v, state, A_log, a, dt_bias, b, **options) -> str:
+    def prepare(
+        self,
+        q=None,
+        k=None,
+        v=None,
+        state=None,
+        A_log=None,
+        a=None,
+        dt_bias=None,
+        b=None,
+        **options,
+    ) -> str:
         """Check the inputs and get the kernel that a call with them would launch, without
         launching it (do this before capturing a CUDA graph). Returns the variant's name."""
         arguments = dict(
-            q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b, scale=None,
-            output=None, use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
-            output_state_indices=None, intermediate_states_buffer=None,
-            disable_state_update=False, state_layout="k_last", check_indices=False,
-        )  # fmt: skip
+            self.CHECKED, q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b
+        )
+        mixed_qkv = options.pop("mixed_qkv", None)
         unknown = set(options) - set(arguments)
         if unknown:
             raise TypeError(f"prepare: unexpected keyword argument(s) {sorted(unknown)}")
         arguments.update(options)
-        plan = self._plan(arguments)
-        return plan.variant
+        if needs_views(q, mixed_qkv, arguments["cu_seqlens"], a, b, arguments["output"]):
+            views = kernel_views(
+                self._info(), q=q, k=k, v=v, a=a, b=b, output=arguments["output"],
+                mixed_qkv=mixed_qkv, cu_seqlens=arguments["cu_seqlens"],
+            )  # fmt: skip
+            arguments.update(
+                q=views.q, k=views.k, v=views.v, a=views.a, b=views.b, output=views.output
+            )
+        return self._plan(arguments).variant
 
     def signatures(self) -> int:
         """How many call signatures this call has planned (tests use it)."""

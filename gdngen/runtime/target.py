@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from gdngen.dispatch import CallShape, Rule, select
 
 from .checks import Call
-from .forms import Form, compile_keys
+from .forms import MODES, Form, compile_keys, key_mode
 from .info import TargetInfo
 from .launcher import DecodeCall
 from .store import find_kernel
@@ -75,7 +75,7 @@ class Target:
             state_dtype=call.state_dtype,
             tokens=call.tokens,
             batch_heads=call.batch_heads,
-            intermediate=call.cache,
+            intermediate=call.stores_token_states,
         ).use
 
     def variant(self, name: str) -> DecodeCall:
@@ -101,13 +101,17 @@ class Target:
         gate_dtype: str = "bf16",
         dt_bias_dtype: str = "fp32",
         use_qk_l2norm: bool = True,
+        packed: bool = False,
+        null_slot: int = -1,
         progress: bool = True,
     ) -> WarmupSummary:
         """Load (from artifacts or the disk cache) or compile every kernel that calls of one engine
-        configuration can dispatch to: each T in 1..max_tokens, each mode ("update": final state
-        written; "verify": per-token states cached, T >= 2), every batch size. It launches
-        nothing and needs no GPU, so it is safe before CUDA-graph capture. ``geometry`` names one
-        of the target's geometries (None: all); ``index_dtype`` None is a dense state."""
+        configuration can dispatch to: each T in 1..max_tokens, each mode (gdngen.runtime.forms.
+        MODES: "update", "verify", "spec", "verify_rows"; all but "update" for T >= 2), every
+        batch size. It launches nothing and needs no GPU, so it is safe before CUDA-graph capture.
+        ``geometry`` names one of the target's geometries (None: all); ``index_dtype`` None is a
+        dense state; ``packed`` is the cu_seqlens form (T is then max_seqlen); ``null_slot`` the
+        padding sentinel the engine uses."""
         info = self.info
         if (layout, state_dtype) not in info.served:
             served = ", ".join(f"{a}/{b}" for a, b in info.served)
@@ -126,14 +130,18 @@ class Target:
         max_tokens = info.max_tokens if max_tokens is None else max_tokens
         if not 1 <= max_tokens <= info.max_tokens:
             raise ValueError(f"max_tokens: expected 1..{info.max_tokens}; got {max_tokens}")
-        unknown = [m for m in modes if m not in ("update", "verify")]
+        unknown = [m for m in modes if m not in MODES]
         if unknown or not modes:
-            raise ValueError(f"modes: expected 'update' and/or 'verify'; got {modes!r}")
+            raise ValueError(
+                f"modes: expected some of {', '.join(map(repr, MODES))}; got {modes!r}"
+            )
+        if isinstance(null_slot, bool) or not isinstance(null_slot, int) or null_slot < -1:
+            raise ValueError(f"null_slot: expected an int >= -1; got {null_slot!r}")
         forms = [
             Form(
                 mode=mode, index_dtype=index_dtype, separate_write_slots=separate_write_slots,
                 io_dtype=io_dtype, gate_dtype=gate_dtype, dt_bias_dtype=dt_bias_dtype,
-                use_qk_l2norm=use_qk_l2norm,
+                use_qk_l2norm=use_qk_l2norm, packed=packed, null_slot=null_slot,
             )  # fmt: skip
             for mode in modes
         ]
@@ -145,7 +153,7 @@ class Target:
         started = time.perf_counter()
         for index, key in enumerate(keys):
             found = find_kernel(f"{self.kernels_package}.{key.variant}", key)
-            mode = "verify" if key.cache else "update"
+            mode = key_mode(key)
             summary.kernels.append((key.variant, key.tokens, mode, found.source))
             if progress:
                 done = (index + 1) * 30 // len(keys)

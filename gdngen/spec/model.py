@@ -377,12 +377,19 @@ class Tuning(_Strict):
 class CallForms(_Strict):
     """The compile-time forms of a call that ``gdngen build`` compiles ahead of time (and that a
     default ``warmup`` loads): for every geometry, served layout/dtype and T = 1..max_tokens,
-    every variant the dispatch can pick at some batch size, in each of these forms. ``verify``
-    (per-token states cached, no final write) is built for T >= 2, ``update`` for every T."""
+    every variant the dispatch can pick at some batch size, in each combination of these forms
+    (docs/design.md, "Call forms"). Modes that store per-token states are built for T >= 2,
+    ``update`` for every T."""
 
-    modes: tuple[Literal["update", "verify"], ...] = ("update", "verify")
+    #: "update", "verify" (positional cache), "spec" (vLLM per-token slots), "verify_rows"
+    #: (SGLang pool-row cache): see gdngen.runtime.forms.MODES
+    modes: tuple[Literal["update", "verify", "spec", "verify_rows"], ...] = ("update", "verify")
     #: "none": a dense per-batch state (no slot indices); else the slot index dtype
     slots: tuple[Literal["none", "int32", "int64"], ...] = ("int32",)
+    #: whether tokens come packed with cu_seqlens (true), as [B, T] rows (false), or both
+    packed: tuple[bool, ...] = (False,)
+    #: padding sentinels: a slot <= null_slot is padding (-1: negative slots; 0: vLLM's slot 0)
+    null_slots: tuple[Annotated[int, Field(ge=-1)], ...] = (-1,)
     separate_write_slots: bool = False
     io_dtype: Literal["bf16", "fp16"] = "bf16"
     gate_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"

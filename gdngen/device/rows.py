@@ -1,0 +1,102 @@
+"""Trace-time helpers: where one kernel row's tokens, state slots and cache row are.
+
+A kernel row is one batch row of a dense call, or one sequence of a packed (varlen) call. The
+call forms that decide this (docs/design.md, "Call forms") are compile-time inputs, so each helper
+returns plain DSL values and the kernel body reads the same names whatever the form:
+
+- ``row_tokens``: the row's T token positions along dim 1 of q, k, v, a, b and the output, and
+  which of them are live. A packed sequence has ``cu_seqlens[n + 1] - cu_seqlens[n] <= T``
+  tokens; the positions past its end repeat its last token (always a valid address) and are not
+  live: the kernel gives them no decay and no write strength, so they leave the state unchanged,
+  and stores nothing for them.
+- ``row_slots``: the state slot read, the slot written (or the per-token slot table), and whether
+  the row owns them. A slot ``<= null_slot`` is padding: the row outputs zeros and touches no
+  state. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
+  index (only reachable without the opt-in index check): the row outputs NaN, so that it shows,
+  and touches no state either.
+- ``token_slot``: with a per-token slot table, the slot receiving the state after token t.
+
+Slots are widened to 64 bits before they scale a stride: pool offsets pass 2^31.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+from cutlass import Int64
+
+
+def _clamp(value, lo, hi):
+    return cutlass.max(cutlass.min(value, hi), lo)
+
+
+def row_tokens(n64, T: int, cu_seqlens, total_tokens):
+    """``(batch_row, token_at, token_live)``: the index of dim 0 and T (position, live) pairs."""
+    if cu_seqlens is None:
+        # Dense rows: token t of row n sits at [n, t]; all T are live (a constant true).
+        return n64, list(range(T)), [Int64(t) < Int64(T) for t in range(T)]
+    first = Int64(cu_seqlens[n64])
+    length = Int64(cu_seqlens[n64 + 1]) - first
+    last = Int64(total_tokens) - 1
+    token_at = []
+    token_live = []
+    for t in range(T):
+        live = Int64(t) < length
+        position = Int64(cutlass.select_(live, first + t, first + length - 1))
+        token_at.append(_clamp(position, Int64(0), last))
+        token_live.append(live)
+    return Int64(0), token_at, token_live
+
+
+@dataclass
+class RowSlots:
+    read: object  # Int64 slot the initial state comes from
+    write: object  # Int64 slot the final state goes to (the read slot without separate slots)
+    owned: object  # Boolean: the slots are live and in the pool
+    padded: object  # Boolean: a slot is padding (zero output), not a bad index (NaN output)
+
+
+def row_slots(
+    n64, read_slots, write_slots, num_accepted, per_token_slots: bool, null_slot: int, pool_size
+) -> RowSlots:
+    """The row's state slots (see the module docstring)."""
+    if read_slots is None:
+        # A dense state: row n uses slot n, which the checks made sure exists.
+        owned = (n64 >= 0) & (n64 < pool_size)
+        return RowSlots(read=n64, write=n64, owned=owned, padded=n64 < 0)
+    if per_token_slots:
+        # A [N, 1 + S] table: the initial state is in column num_accepted - 1 (column 0 without
+        # num_accepted_tokens); the state after token t goes to column t (token_slot).
+        column = Int64(0)
+        if num_accepted is not None:
+            column = Int64(num_accepted[n64]) - 1
+        columns = Int64(read_slots.shape[1])
+        column_ok = (column >= 0) & (column < columns)
+        read = Int64(read_slots[n64, _clamp(column, Int64(0), columns - 1)])
+        live = read > null_slot
+        owned = column_ok & live & (read < pool_size)
+        return RowSlots(read=read, write=read, owned=owned, padded=column_ok & (read <= null_slot))
+    read = Int64(read_slots[n64])
+    write = read
+    if write_slots is not None:
+        write = Int64(write_slots[n64])
+    padded = (read <= null_slot) | (write <= null_slot)
+    owned = (read > null_slot) & (write > null_slot) & (read < pool_size) & (write < pool_size)
+    return RowSlots(read=read, write=write, owned=owned, padded=padded)
+
+
+def token_slot(n64, t: int, read_slots, null_slot: int, pool_size):
+    """``(slot, ok)``: the per-token table's slot for the state after token t; ``ok`` when it is
+    neither padding nor past the pool."""
+    slot = Int64(read_slots[n64, t])
+    return slot, (slot > null_slot) & (slot < pool_size)
+
+
+def cache_row(n64, cache_rows, null_slot: int, cache):
+    """``(row, ok)``: the intermediate-state buffer's row for this kernel row: row n, or the row
+    ``cache_rows[n]`` names (padding or past the buffer: ``ok`` is false, nothing is cached)."""
+    if cache_rows is None:
+        return n64, n64 >= 0
+    row = Int64(cache_rows[n64])
+    return row, (row > null_slot) & (row < Int64(cache.shape[0]))

@@ -1,0 +1,146 @@
+"""Engine adapters: a target's ``gdn_decode`` behind the GDN decode entry points that vLLM and
+SGLang call today, with those engines' own argument names, shapes and padding conventions
+(docs/engines.md).
+
+An adapter only renames arguments, picks the call form and refuses what gdngen does not do; the
+checks, the dispatch and the launch are the target's (docs/design.md, "Call forms"). It allocates
+nothing beyond what ``gdn_decode`` does (the output when none is given) and never reads a tensor
+back to the host: every value it derives (the sequence count, ``max_seqlen``) comes from shapes.
+
+    from generated.h200 import gdn_decode
+    from gdngen.engines.vllm import VllmGdn
+
+    gdn = VllmGdn(gdn_decode)
+    gdn.fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv=..., ...)
+
+An error raised by ``gdn_decode`` about an argument the engine passed under another name is
+raised again under the engine's name, e.g. ``ssm_state_indices (gdn_decode's
+initial_state_indices): ...``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+__all__ = ["EngineAdapter", "SglangGdn", "VllmGdn", "leading_rows", "token_gates"]
+
+
+class EngineAdapter:
+    """What both engines' adapters share: the target's call and the renaming of its errors."""
+
+    #: slots <= this are padding rows (zero output, no state read or written)
+    null_slot = -1
+
+    def __init__(self, gdn_decode: Callable) -> None:
+        if not callable(gdn_decode):
+            raise TypeError(
+                f"gdn_decode: expected a target's call (generated.<target>.gdn_decode); "
+                f"got {type(gdn_decode).__name__}"
+            )
+        self.gdn_decode = gdn_decode
+
+    def __repr__(self) -> str:
+        name = getattr(self.gdn_decode, "__name__", type(self.gdn_decode).__name__)
+        return f"{type(self).__name__}({name})"
+
+    def fused_recurrent_gated_delta_rule_packed_decode(
+        self,
+        mixed_qkv,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        scale,
+        initial_state,
+        out,
+        ssm_state_indices,
+        use_qk_l2norm_in_kernel=False,
+    ):
+        """One token per request: ``mixed_qkv [B, 2*H*K + HV*V]`` (rows may be strided), ``a``,
+        ``b [B, HV]``, the pool ``initial_state [slots, HV, V, K]`` updated in place at
+        ``ssm_state_indices [B]`` (<= ``null_slot``: padding, zero output), the output written
+        into ``out [B, 1, HV, V]``. Returns ``(out, initial_state)``, as the engine's op does.
+        Both engines' ops take the same arguments; only their padding slot differs."""
+        return self._launch(
+            _PACKED_NAMES,
+            dict(
+                mixed_qkv=mixed_qkv,
+                a=a,
+                b=b,
+                A_log=A_log,
+                dt_bias=dt_bias,
+                scale=scale,
+                output=out,
+                use_qk_l2norm=use_qk_l2norm_in_kernel,
+                initial_state=initial_state,
+                initial_state_indices=ssm_state_indices,
+                null_slot=self.null_slot,
+            ),
+        )
+
+    def _launch(self, names: Mapping[str, str], arguments: dict):
+        """``gdn_decode(**arguments)``; a TypeError or ValueError whose message starts with a
+        gdn_decode argument in ``names`` is raised again under the engine's name for it."""
+        try:
+            return self.gdn_decode(**arguments)
+        except (TypeError, ValueError) as error:
+            renamed = _renamed(error, names)
+            if renamed is None:
+                raise
+            raise renamed from error
+
+
+#: gdn_decode's argument names -> the packed decode ops', for the messages of gdn_decode's checks
+_PACKED_NAMES = {
+    "q": "mixed_qkv",
+    "k": "mixed_qkv",
+    "v": "mixed_qkv",
+    "q/v": "mixed_qkv",
+    "initial_state_indices": "ssm_state_indices",
+    "output": "out",
+    "use_qk_l2norm": "use_qk_l2norm_in_kernel",
+}
+
+
+def _renamed(error: Exception, names: Mapping[str, str]) -> Exception | None:
+    name, colon, rest = str(error).partition(":")
+    if not colon or names.get(name, name) == name:
+        return None
+    kind = TypeError if isinstance(error, TypeError) else ValueError
+    return kind(f"{names[name]} (gdn_decode's {name}):{rest}")
+
+
+def leading_rows(indices, rows: int):
+    """The first ``rows`` entries of a per-sequence tensor (a view): both engines pass index
+    tensors sized for their padded CUDA-graph batch and read only the rows of the call's
+    sequences. Anything that is not a tensor is left for gdn_decode's checks to name."""
+    if indices is None or not hasattr(indices, "dim") or indices.dim() == 0:
+        return indices
+    return indices[:rows]
+
+
+def token_gates(gate, q, packed: bool):
+    """``a`` or ``b`` given as ``[tokens, HV]`` (the engines' token-major form), as the view
+    gdn_decode takes beside a 4-D q: ``[1, total_tokens, HV]`` when packed, ``[B, T, HV]`` when
+    dense (from ``[B * T, HV]``). Other shapes are left for its checks to name."""
+    if gate is None or not hasattr(gate, "dim") or gate.dim() != 2:
+        return gate
+    if packed:
+        return gate.unsqueeze(0)
+    batch, tokens = q.shape[0], q.shape[1]
+    if gate.size(0) != batch * tokens:
+        return gate
+    return gate.unflatten(0, (batch, tokens))
+
+
+def __getattr__(name: str):
+    # The adapters import this module for the base class, so they are loaded on first use.
+    if name == "VllmGdn":
+        from .vllm import VllmGdn
+
+        return VllmGdn
+    if name == "SglangGdn":
+        from .sglang import SglangGdn
+
+        return SglangGdn
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

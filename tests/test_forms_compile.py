@@ -1,0 +1,60 @@
+"""The engine call forms compile for both SM targets without a GPU, and leave the default form's
+code alone: a stepwise and a staged kernel of each target, in vLLM's spec-decode form (packed,
+per-token slots, num_accepted_tokens, slot 0 as padding) and SGLang's verify form (packed, cache
+rows, no final write)."""
+
+import dataclasses
+import importlib
+
+import pytest
+
+from gdngen.runtime.compile import CompileKey, compile_kernel
+
+BASE = dict(
+    tokens=4, H=16, HV=32, K=128, V=128, io_dtype="bf16", gate_dtype="bf16", dt_bias_dtype="fp32",
+    state_dtype="bf16", index_dtype="int32", separate_write_slots=False, cache=False,
+    write_final_state=True, use_qk_l2norm=True,
+)  # fmt: skip
+FORMS = {
+    "vllm_spec": dict(
+        null_slot=0,
+        cu_seqlens_dtype="int32",
+        per_token_slots=True,
+        num_accepted=True,
+        write_final_state=False,
+    ),
+    "sglang_verify": dict(
+        cu_seqlens_dtype="int32", cache=True, cache_rows=True, write_final_state=False
+    ),
+}
+KERNELS = [
+    ("h200", "sm_90a", "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90"),
+    ("h200", "sm_90a", "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"),
+    ("b200", "sm_100a", None),
+]
+
+
+def _b200_variant() -> str:
+    from generated.b200.kernels import VARIANTS
+
+    return next(v for v in VARIANTS if v.startswith("kl_bf16"))
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize(
+    "target,arch,variant", KERNELS, ids=["h200_stepwise", "h200_staged", "b200"]
+)
+def test_engine_form_compiles(tmp_path, target, arch, variant, form):
+    variant = variant or _b200_variant()
+    module = importlib.import_module(f"generated.{target}.kernels.{variant}")
+    key = CompileKey(variant=variant, arch=arch, **dict(BASE, **FORMS[form]))
+    compile_kernel(module, key, dump_dir=tmp_path)
+    ptx = next(tmp_path.glob("*.ptx")).read_text()
+    assert "ld.global" in ptx and "st.global" in ptx
+
+
+def test_forms_are_compile_keys():
+    plain = CompileKey(variant="x", arch="sm_90a", **BASE)
+    for form in FORMS.values():
+        assert dataclasses.replace(plain, **form) != plain
+    assert plain.null_slot == -1 and not plain.packed
