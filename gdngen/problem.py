@@ -144,7 +144,8 @@ class PackedProblem:
 
     ``slots="per_token"`` is vLLM's speculative-decode form: a [N, 1 + S] slot table (1 + S =
     ``tokens``, row stride padded by ``extra_columns``) with ``num_accepted_tokens`` and the
-    padding sentinel ``null_slot``; ``slots="row"`` gives [N] indices. ``cache="rows"`` is SGLang's
+    padding sentinel ``null_slot``; ``wide_table`` adds live columns past ``tokens`` (1 + S >
+    max_seqlen), which only initial states are read from; ``slots="row"`` gives [N] indices. ``cache="rows"`` is SGLang's
     verify form: a pool-row intermediate buffer of ``cache_rows`` rows named per sequence.
     ``mixed_lengths`` draws each sequence's length from 1..tokens (the first padded row gets 0);
     otherwise every sequence has ``tokens`` tokens. ``flat`` passes q/k/v as [total, heads, dim],
@@ -170,6 +171,7 @@ class PackedProblem:
     flat: bool = False
     mixed_qkv: bool = False
     extra_columns: int = 0
+    wide_table: int = 0
     pool_size: int | None = None
     seed: int = 0
 
@@ -217,23 +219,23 @@ class PackedProblem:
         args["A_log"] = torch.log(torch.rand(HV, generator=gen) * 15 + 1).to(device)
         args["dt_bias"] = randn(HV, dtype=torch.float32, std=0.5)
 
-        columns = T if self.slots == "per_token" else 1
+        columns = T + self.wide_table if self.slots == "per_token" else 1
         pool_size = self.pool_size or N * columns + 8
         pool = randn(pool_size, HV, *self.head_shape, dtype=TORCH_DTYPES[self.state_dtype], std=0.5)
         perm = torch.randperm(pool_size - 1, generator=gen)[: N * columns] + 1  # slot 0: null
         args.update(initial_state=pool, state=None, null_slot=self.null_slot)
         pad = min(self.null_slot, -1) if self.null_slot < 0 else self.null_slot
         if self.slots == "per_token":
-            table = torch.full((N, T + self.extra_columns), pad, dtype=torch.int64)
-            table[:, :T] = perm.view(N, T)
+            table = torch.full((N, columns + self.extra_columns), pad, dtype=torch.int64)
+            table[:, :columns] = perm.view(N, columns)
             # Every value 1..1 + S in turn, so that a batch of >= 1 + S rows covers them all.
-            accepted = torch.arange(N) % T + 1
+            accepted = torch.arange(N) % columns + 1
             for row in self.padded_rows:
                 table[row] = pad
                 accepted[row] = 1
-            args["initial_state_indices"] = table.to(index).to(device)[:, : T + self.extra_columns]
+            args["initial_state_indices"] = table.to(index).to(device)
             if self.extra_columns:  # a view of a wider table: rows strided, columns dense
-                args["initial_state_indices"] = args["initial_state_indices"][:, :T]
+                args["initial_state_indices"] = args["initial_state_indices"][:, :columns]
             args["num_accepted_tokens"] = accepted.to(index).to(device)
         else:
             reads = perm[:N].clone()

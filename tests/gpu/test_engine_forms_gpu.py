@@ -25,6 +25,17 @@ def test_vllm_spec_decode(state_dtype, tokens, lengths):
     run_form(h200.gdn_decode, problem)
 
 
+@pytest.mark.parametrize("layout", ["k_last", "v_last"])
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_vllm_spec_decode_table_wider_than_max_seqlen(layout, tokens):
+    """1 + S > max_seqlen: initial states are also read from columns past the T the kernel loads
+    up front with the row (the second round trip that only such rows take)."""
+    problem = PackedProblem(
+        sequences=13, tokens=tokens, layout=layout, wide_table=3, padded_rows=(4,), seed=40 + tokens,
+    )  # fmt: skip
+    run_form(h200.gdn_decode, problem)
+
+
 @pytest.mark.parametrize("batch", [1, 7, 64, 300])
 def test_vllm_spec_decode_batches_and_layouts(batch):
     for layout in ("k_last", "v_last"):
