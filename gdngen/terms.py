@@ -10,11 +10,17 @@ from typing import Literal
 
 Layout = Literal["k_last", "v_last"]
 StateDtype = Literal["bf16", "fp32"]
-SmTarget = Literal["sm_90a", "sm_100a"]
+#: the SM targets a spec may name; gdngen.spec.sm has what each offers a kernel
+SmTarget = Literal["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"]
 IndexDtype = Literal["int32", "int64"]
 #: which calls a dispatch rule serves: those that cache per-token states ("yes", speculative
 #: verify), those that do not ("no", plain decode), or both ("any")
 Intermediate = Literal["any", "yes", "no"]
+
+
+def sm_suffix(sm: str) -> str:
+    """How a variant's name ends for an SM target: ``sm_90a`` -> ``sm90``."""
+    return sm.removesuffix("a").replace("_", "")
 
 
 def pair_key(layout: str, state_dtype: str) -> str:

@@ -210,7 +210,11 @@ INVALID = [
         _append_duplicate,
         ["variants[12]", "duplicate variant kl_bf16_tv64_ilp4_vec8_tpg16_sm90"],
     ),
-    ("unknown_sm", lambda d: d.update(sm="sm_80"), ["sm", "'sm_90a' or 'sm_100a'"]),
+    (
+        "unknown_sm",
+        lambda d: d.update(sm="sm_80"),
+        ["sm", "'sm_90a', 'sm_100a', 'sm_103a', 'sm_120a' or 'sm_121a'"],
+    ),
     (
         "max_tokens_too_large",
         _set("features", None, max_tokens=17),

@@ -35,6 +35,7 @@ from .checks import Call, check_call, check_index_values
 from .compile import CompileKey
 from .info import TargetInfo
 from .store import kernel_for
+from .siblings import wrong_gpu_message
 from .views import kernel_views, needs_views
 
 _device_arch: dict[int, str] = {}
@@ -151,10 +152,9 @@ class DecodeCall:
         call = check_call(info, **arguments)
         arch = device_arch(call.pool.device)
         if arch != info.sm:
-            raise ValueError(
-                f"q: target {info.name} is built for {info.sm}; the tensors are on a {arch} GPU "
-                f"({torch.cuda.get_device_name(call.pool.device)}). Use the target emitted for it."
-            )
+            device_name = torch.cuda.get_device_name(call.pool.device)
+            package = self._kernels_package().rsplit(".", 2)[0]
+            raise ValueError(wrong_gpu_message(info, arch, device_name, package))
         if check_indices:
             check_index_values(call)
         variant = self._choose(call)

@@ -25,13 +25,20 @@ class Resources:
     spill_store_bytes: int
     spill_load_bytes: int
     ptx_lines: int = 0
-    #: vector global loads (ld.global.v2/v4) in the PTX
+    #: wide global loads (8 or 16 bytes in one instruction, see WIDE) in the PTX
     vector_loads: int = 0
     #: packed fp32x2 FMAs/multiplies in the PTX (sm_100a)
     packed_fp32x2: int = 0
     #: vector global loads and stores by cache operator, e.g. {"ld.cs": 8, "st.cs": 8}; plain
     #: ones (no operator: .ca loads, .wb stores) are not listed
     cache_ops: tuple[tuple[str, int], ...] = ()
+
+
+#: what makes a global access wide (8 or 16 bytes in one instruction): a vector (.v2/.v4) or a
+#: 64/128-bit scalar. The back end picks the spelling per target: an 8-byte bf16 state load is
+#: ld.global.v2.b32 for sm_90a and ld.global.b64 for sm_120a. (An int64 slot load is wide too:
+#: a handful per kernel, next to the state tile's ilp or vec loads per lane.)
+WIDE = r"(?:v[248]\.|b64\b|b128\b)"
 
 
 def find_ptxas() -> str:
@@ -87,7 +94,7 @@ def kernel_resources(module: ModuleType, key: CompileKey) -> Resources:
     return replace(
         resources,
         ptx_lines=len(text.splitlines()),
-        vector_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", text)),
+        vector_loads=len(re.findall(rf"ld\.global(?:\.\w+)*?\.{WIDE}", text)),
         packed_fp32x2=len(re.findall(r"\b(?:fma|mul)\.\w+\.f32x2\b", text)),
         cache_ops=_cache_ops(text),
     )
@@ -95,7 +102,7 @@ def kernel_resources(module: ModuleType, key: CompileKey) -> Resources:
 
 def _cache_ops(ptx: str) -> tuple[tuple[str, int], ...]:
     """Vector global accesses that carry a cache operator, counted by kind and operator."""
-    found = re.findall(r"\b(ld|st)\.global\.(ca|cg|cs|lu|wb|wt)\.v[248]\.", ptx)
+    found = re.findall(rf"\b(ld|st)\.global\.(ca|cg|cs|lu|wb|wt)\.{WIDE}", ptx)
     counts: dict[str, int] = {}
     for op, mode in found:
         counts[f"{op}.{mode}"] = counts.get(f"{op}.{mode}", 0) + 1

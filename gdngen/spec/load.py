@@ -10,6 +10,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from gdngen.terms import sm_suffix
+
 from .model import Spec
 
 
@@ -42,13 +44,61 @@ def _describe(spec_path: str, data: object, error: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_spec(text: str, spec_path: str = "<spec>") -> Spec:
+def _mapping(text: str, spec_path: str) -> dict:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{spec_path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{spec_path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise SpecError(
+            f"{spec_path}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    return data
+
+
+def _extended(data: dict, spec_path: str, chain: tuple[Path, ...] = ()) -> dict:
+    """``extends: other.yaml`` (relative to this spec): start from that spec's sections; every
+    section this one names replaces the other's whole (no merging inside a section), so a
+    reader sees exactly what changed. A target for a second SM with the same knob points is a
+    few lines: target, sm, description and what differs."""
+    parent_name = data.pop("extends", None)
+    if parent_name is None:
+        return data
+    if not isinstance(parent_name, str):
+        raise SpecError(
+            f"{spec_path}: extends: expected the path of a spec file, got {parent_name!r}"
+        )
+    parent_path = Path(spec_path).parent / parent_name
+    here = Path(spec_path).resolve()
+    if parent_path.resolve() in chain + (here,):
+        raise SpecError(f"{spec_path}: extends: {parent_name} leads back to this spec (a cycle)")
+    try:
+        parent_text = parent_path.read_text()
+    except OSError as exc:
+        raise SpecError(
+            f"{spec_path}: extends: cannot read {parent_path}: {exc.strerror}"
+        ) from None
+    parent = _extended(_mapping(parent_text, str(parent_path)), str(parent_path), chain + (here,))
+    merged = {**parent, **data}
+    if "dispatch" not in data and isinstance(parent.get("dispatch"), list):
+        # Inherited rules name the parent's kernels; on another SM the same knob points carry
+        # this spec's SM in their names.
+        old, new = sm_suffix(str(parent.get("sm"))), sm_suffix(str(merged.get("sm")))
+        merged["dispatch"] = [
+            {**rule, "use": _renamed(rule.get("use"), old, new)} if isinstance(rule, dict) else rule
+            for rule in parent["dispatch"]
+        ]
+    return merged
+
+
+def _renamed(name, old_suffix: str, new_suffix: str):
+    if isinstance(name, str) and name.endswith("_" + old_suffix):
+        return name.removesuffix(old_suffix) + new_suffix
+    return name
+
+
+def parse_spec(text: str, spec_path: str = "<spec>") -> Spec:
+    data = _extended(_mapping(text, spec_path), spec_path)
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:

@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
 from gdngen.dispatch import Rule, coverage_gap
-from gdngen.terms import LAYOUT_PREFIX, IndexDtype, Layout, SmTarget, StateDtype
+from gdngen.terms import LAYOUT_PREFIX, IndexDtype, Layout, SmTarget, StateDtype, sm_suffix
+
+from .sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
 
 #: bytes per state element, by state dtype
 STATE_BYTES = {"bf16": 2, "fp32": 4}
@@ -26,8 +28,6 @@ LOAD_BYTES = (8, 16)
 MAX_THREADS_PER_CTA = 1024
 #: fp32 registers a lane may spend on its state tile
 MAX_STATE_REGS = 128
-#: SM targets that have the packed fp32x2 FMA instruction
-PACKED_FMA_TARGETS = ("sm_100a",)
 #: how a kernel walks the T tokens (see Variant.solve)
 Solve = Literal["stepwise", "staged"]
 #: cache operators of the state's loads and stores (CuTe's LoadCacheMode / StoreCacheMode),
@@ -36,10 +36,8 @@ LoadCache = Literal["all", "global", "streaming", "last_use"]
 StoreCache = Literal["write_back", "global", "streaming"]
 LOAD_CACHE_PTX = {"all": "ca", "global": "cg", "streaming": "cs", "last_use": "lu"}
 STORE_CACHE_PTX = {"write_back": "wb", "global": "cg", "streaming": "cs"}
-#: registers of one SM (sm_90a and sm_100a), shared by the threads of its resident CTAs
+#: registers of one SM (every target in gdngen.spec.sm), shared by its resident CTAs' threads
 SM_REGISTERS = 65536
-#: threads one SM holds at once
-MAX_THREADS_PER_SM = 2048
 
 
 class _Strict(BaseModel):
@@ -249,7 +247,7 @@ class Variant(_Strict):
             parts.append(f"st{STORE_CACHE_PTX[self.state_store_cache]}")
         if self.solve != "stepwise":
             parts.append(self.solve)
-        parts.append(sm.removesuffix("a").replace("_", ""))
+        parts.append(sm_suffix(sm))
         return "_".join(parts)
 
     @model_validator(mode="after")
@@ -430,7 +428,15 @@ class Spec(_Strict):
             if variant.packed_fma and self.sm not in PACKED_FMA_TARGETS:
                 raise ValueError(
                     f"variants[{index}] ({names[index]}): packed_fma needs "
-                    f"{' or '.join(PACKED_FMA_TARGETS)}; this spec targets {self.sm}"
+                    f"{' or '.join(PACKED_FMA_TARGETS)}; this spec targets {self.sm}, which "
+                    f"has no packed fp32x2 FMA"
+                )
+            sm_threads = SM_FACTS[self.sm].threads
+            if variant.min_ctas_per_sm * variant.threads > sm_threads:
+                raise ValueError(
+                    f"variants[{index}] ({names[index]}): min_ctas_per_sm="
+                    f"{variant.min_ctas_per_sm} CTAs of {variant.threads} threads exceed the "
+                    f"{sm_threads} threads an SM of {self.sm} holds"
                 )
             served = [
                 g

@@ -1,5 +1,7 @@
 """The dispatching call: batch sizes, padding patterns, CUDA graphs, streams, bad inputs, big sizes."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -199,3 +201,17 @@ def test_slot_past_the_pool_without_checks_touches_nothing():
     untouched = torch.ones(6, dtype=torch.bool, device="cuda")
     untouched[args["initial_state_indices"][[0, 2, 3]].long()] = False
     assert _unchanged(pool[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("other", ["b200", "b300", "rtx_blackwell", "dgx_spark"])
+def test_a_target_for_another_sm_names_the_import_for_this_gpu(other):
+    """This GPU is sm_90a: another SM's target refuses the call before compiling or writing
+    anything, and names the import that serves it."""
+    target = importlib.import_module(f"generated.{other}")
+    args = Problem(batch=2, HV=32, pool_size=4).make("cuda")
+    pool = args["initial_state"].clone()
+    before = compiled_count()
+    with pytest.raises(ValueError, match=rf"q: target {other} is built for {target.INFO.sm} .*an sm_90a GPU\. Use `from generated\.h200 import gdn_decode`\."):  # fmt: skip
+        target.gdn_decode(**args)
+    assert compiled_count() == before
+    assert args["initial_state"].equal(pool)
