@@ -63,7 +63,7 @@ class Problem:
         return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
 
     def state_bytes(self) -> int:
-        return 2 if self.state_dtype == "bf16" else 4
+        return TORCH_DTYPES[self.state_dtype].itemsize
 
     def moved_bytes(self) -> int:
         """Bytes a call must move at least (docs/design.md, "Measuring")."""

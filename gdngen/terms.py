@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 Layout = Literal["k_last", "v_last"]
-StateDtype = Literal["bf16", "fp32"]
+StateDtype = Literal["bf16", "fp16", "fp32"]
 #: the SM targets a spec may name; gdngen.spec.sm has what each offers a kernel
 SmTarget = Literal["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"]
 IndexDtype = Literal["int32", "int64"]

@@ -141,7 +141,7 @@ def test_picker_refuses_bad_choices(tmp_path, choice, kwargs, message):
     [
         (["--variants", "nope"], "unknown variant(s) nope"),
         (["--variants", "contenders", "--tuning", "missing.yaml"], "missing.yaml does not exist"),
-        (["--target", "b300"], "--target 'b300': no generated target generated/b300/"),
+        (["--target", "b900"], "--target 'b900': no generated target generated/b900/"),
     ],
 )
 def test_cli_bench_argument_errors_come_before_any_gpu_work(args, message):

@@ -129,12 +129,12 @@ BAD = [
     ("b_fp32", lambda a: dict(b=a["b"].float()), TypeError, ["b: expected dtype bfloat16 (as a); got float32"]),
     ("A_log_bf16", lambda a: dict(A_log=a["A_log"].bfloat16()), TypeError, ["A_log: expected dtype float32; got bfloat16"]),
     ("dt_bias_fp16", lambda a: dict(dt_bias=a["dt_bias"].half()), TypeError, ["dt_bias: expected dtype bfloat16, float32; got float16"]),
-    ("pool_fp16", lambda a: dict(initial_state=a["initial_state"].half()), TypeError, ["initial_state: expected dtype bfloat16, float32; got float16"]),
+    ("pool_fp64", lambda a: dict(initial_state=a["initial_state"].double()), TypeError, ["initial_state: expected dtype bfloat16, float16, float32; got float64"]),
     (
         "dense_state_fp64",
         lambda a: dict(state=a["initial_state"][:B].double(), initial_state=None, initial_state_indices=None),
         TypeError,
-        ["state: expected dtype bfloat16, float32; got float64"],
+        ["state: expected dtype bfloat16, float16, float32; got float64"],
     ),
     # shapes
     ("q_3d", lambda a: dict(q=a["q"][:, 0]), ValueError, ["q: expected shape [B, T, H, K] = [*, *, *, *]; got [4, 16, 128]"]),
@@ -322,8 +322,13 @@ def test_bad_input(args, change, exc_type, fragments):
     "problem,fragments",
     [
         (dict(HV=48), ["q/v: geometry H=16, HV=48, K=128, V=128 was not generated for target h200",
-                       "qwen3-next (H=16, HV=32, K=128, V=128)", "Add it to the spec's geometries"]),
-        (dict(K=64, V=64), ["q/v: geometry H=16, HV=32, K=64, V=64 was not generated for target h200"]),
+                       "qwen3-next (H=16, HV=32, K=128, V=128)",
+                       "To serve it, add `- {name: <model>, H: 16, HV: 48, K: 128, V: 128}` under "
+                       "`geometries:` to specs/h200.yaml and run `gdngen emit specs/h200.yaml`."]),
+        (dict(K=64, V=64), ["q/v: geometry H=16, HV=32, K=64, V=64 was not generated for target h200",
+                            "`- {name: <model>, H: 16, HV: 32, K: 64, V: 64}`",
+                            "Its kernels are built for K=128, V=128: head dims K=64, V=64 also need "
+                            "variants of their own, in a spec of their own"]),
         (dict(tokens=9), ["q: T=9 tokens per call; target h200 was generated for T <= 8"]),
     ],
     ids=["HV48", "K64", "T9"],
@@ -344,7 +349,9 @@ def test_layout_dtype_the_target_does_not_serve(args):
     info = dataclasses.replace(INFO, served=(("k_last", "bf16"), ("k_last", "fp32")))
     args["state_layout"] = "v_last"
     raises(ValueError, args, "initial_state: a v_last bf16 state is not served by target h200",
-           "(it serves k_last/bf16, k_last/fp32)", info=info)  # fmt: skip
+           "(it serves k_last/bf16, k_last/fp32). To serve it, add variants with `layout: v_last, "
+           "state_dtype: bf16` and dispatch rules for v_last/bf16 to specs/h200.yaml and run "
+           "`gdngen emit specs/h200.yaml`.", info=info)  # fmt: skip
 
 
 def test_index_dtype_the_target_does_not_serve():

@@ -51,7 +51,7 @@ def test_target_select_is_the_table_select():
     "overrides",
     [
         dict(layout="x_last"),
-        dict(state_dtype="fp16"),
+        dict(state_dtype="fp64"),
         dict(tokens=h200.INFO.max_tokens + 1),
         dict(tokens=0),
         dict(batch_heads=0),

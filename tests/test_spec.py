@@ -37,8 +37,10 @@ def test_h200_spec_loads():
     }
     assert spec.served == (
         ("k_last", "bf16"),
+        ("k_last", "fp16"),
         ("k_last", "fp32"),
         ("v_last", "bf16"),
+        ("v_last", "fp16"),
         ("v_last", "fp32"),
     )
     assert coverage_gap(spec.dispatch, spec.served, spec.features.max_tokens) is None

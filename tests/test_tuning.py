@@ -607,7 +607,9 @@ def test_committed_tuning_matches_the_committed_dispatch():
     spec = load_spec(ROOT / "specs" / "h200.yaml")
     tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec)
     assert not tuning.stale
-    assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
+    # fp16 is served from static rules until a tune measures it (docs/design.md)
+    measured = {pair for pair in spec.served if pair[1] != "fp16"}
+    assert {(c.layout, c.state_dtype) for c in tuning.cells} == measured
     for cell in tuning.cells:
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,

@@ -29,7 +29,7 @@ import torch
 from gdngen.measure.environment import environment
 from gdngen.measure.impls import FLA, FlashInfer
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
-from gdngen.problem import PackedProblem, Problem
+from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
 
 
 def spec_sets(target, problem: PackedProblem, count: int):
@@ -66,7 +66,7 @@ def run_spec_cell(target, flashinfer, fla, batch: int, tokens: int, state_dtype:
     problem = PackedProblem(
         sequences=batch, tokens=tokens, state_dtype=state_dtype, H=16, HV=64, null_slot=0
     )
-    set_bytes = batch * problem.HV * problem.V * problem.K * (2 if state_dtype == "bf16" else 4)
+    set_bytes = batch * problem.HV * problem.V * problem.K * TORCH_DTYPES[state_dtype].itemsize
     count = rotating_sets(set_bytes * (tokens + 1))
     sets = spec_sets(target, problem, count)
     call = target.gdn_decode
@@ -135,7 +135,7 @@ def run_mixed_cell(target, batch: int, state_dtype: str) -> dict:
         sequences=batch, tokens=1, slots="row", mixed_qkv=True, flat=True, null_slot=0,
         state_dtype=state_dtype, H=16, HV=64,
     )  # fmt: skip
-    set_bytes = batch * problem.HV * problem.V * problem.K * (2 if state_dtype == "bf16" else 4)
+    set_bytes = batch * problem.HV * problem.V * problem.K * TORCH_DTYPES[state_dtype].itemsize
     count = rotating_sets(set_bytes)
     call = target.gdn_decode
     mixed_sets, separate_sets = [], []

@@ -127,6 +127,7 @@ def plan_target(spec: Spec, spec_path: str, measured: Measured | None = None) ->
         "max_tokens": spec.features.max_tokens,
         "index_dtypes": list(spec.features.index_dtypes),
         "served": [list(pair) for pair in spec.served],
+        "spec": spec_path,
     }
     files = [
         PlannedFile(

@@ -113,6 +113,8 @@ class FlashInfer(Impl):
             return self.missing
         if problem.K != 128 or problem.V != 128:
             return "FlashInfer's GDN decode paths serve K=V=128"
+        if problem.state_dtype == "fp16":
+            return "FlashInfer's GDN decode paths take a bf16 or fp32 state"
         if problem.layout == "v_last":
             if problem.state_dtype != "fp32" or problem.tokens != 1:
                 return "FlashInfer's V-last path is fp32 with T=1 only"

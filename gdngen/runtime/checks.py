@@ -17,7 +17,7 @@ from .info import TargetInfo
 IO_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 GATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 DT_BIAS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-STATE_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+STATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INDEX_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
 LAYOUTS = ("k_last", "v_last")
 #: byte alignment the kernels assume for the base of every vector-loaded tensor
@@ -284,10 +284,20 @@ def check_call(
         served = ", ".join(
             f"{g.name} (H={g.H}, HV={g.HV}, K={g.K}, V={g.V})" for g in info.geometries
         )
-        raise ValueError(
+        line = f"`- {{name: <model>, H: {H}, HV: {HV}, K: {K}, V: {V}}}` under `geometries:`"
+        message = (
             f"q/v: geometry H={H}, HV={HV}, K={K}, V={V} was not generated for target "
-            f"{info.name}; it serves {served}. Add it to the spec's geometries and re-emit."
+            f"{info.name}; it serves {served}. {info.add_to_spec(line)}"
         )
+        head_dims = sorted({(g.K, g.V) for g in info.geometries})
+        if (K, V) not in head_dims:
+            dims = ", ".join(f"K={k}, V={v}" for k, v in head_dims)
+            message += (
+                f" Its kernels are built for {dims}: head dims K={K}, V={V} also need variants "
+                f"of their own, in a spec of their own (a target's dispatch does not tell head "
+                f"dims apart)."
+            )
+        raise ValueError(message)
     if T > info.max_tokens:
         raise ValueError(
             f"q: T={T} tokens per call; target {info.name} was generated for T <= {info.max_tokens}"
@@ -324,9 +334,13 @@ def check_call(
     )
     if (state_layout, state_dtype) not in info.served:
         served = ", ".join(f"{lay}/{dt}" for lay, dt in info.served)
+        what = (
+            f"variants with `layout: {state_layout}, state_dtype: {state_dtype}` and dispatch "
+            f"rules for {state_layout}/{state_dtype}"
+        )
         raise ValueError(
-            f"{pool_name}: a {state_layout} {state_dtype} state is not served by target {info.name} "
-            f"(it serves {served})"
+            f"{pool_name}: a {state_layout} {state_dtype} state is not served by target "
+            f"{info.name} (it serves {served}). {info.add_to_spec(what)}"
         )
     _inner_contiguous(pool_name, pool, 3, f"[HV, {head_meaning[1:-1]}]")
     if pool.size(0) > 1 and pool.stride(0) < HV * V * K:

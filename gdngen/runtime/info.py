@@ -16,3 +16,11 @@ class TargetInfo:
     index_dtypes: tuple[str, ...]
     #: the (layout, state dtype) pairs its dispatch serves
     served: tuple[tuple[str, str], ...]
+    #: the spec it was emitted from, as emit was given it (errors say what to add there)
+    spec: str = ""
+
+    def add_to_spec(self, what: str) -> str:
+        """How to make the target serve something: ``what`` to add, and the command after."""
+        spec = self.spec or f"the spec of target {self.name}"
+        regenerate = f"gdngen emit {self.spec}" if self.spec else "gdngen emit on it"
+        return f"To serve it, add {what} to {spec} and run `{regenerate}`."

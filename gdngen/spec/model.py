@@ -20,7 +20,7 @@ from gdngen.terms import LAYOUT_PREFIX, IndexDtype, Layout, SmTarget, StateDtype
 from .sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
 
 #: bytes per state element, by state dtype
-STATE_BYTES = {"bf16": 2, "fp32": 4}
+STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 #: the head dimensions the kernels are built and tested for (docs/design.md, "Features")
 HEAD_DIMS = (64, 128, 256)
 #: width of one vector load or store, in bytes, that a lane may issue

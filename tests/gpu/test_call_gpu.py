@@ -14,7 +14,8 @@ from tests.gpu.check_call import run_and_check
 
 pytestmark = pytest.mark.gpu
 
-SERVED = [("k_last", "bf16"), ("k_last", "fp32"), ("v_last", "bf16"), ("v_last", "fp32")]
+SERVED = [("k_last", "bf16"), ("k_last", "fp16"), ("k_last", "fp32"), ("v_last", "bf16"),
+          ("v_last", "fp16"), ("v_last", "fp32")]  # fmt: skip
 
 
 @pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])

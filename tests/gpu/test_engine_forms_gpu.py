@@ -13,7 +13,7 @@ from tests.gpu.check_form import check_against, expected_of, kernel_form, run_fo
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("tokens", [1, 2, 4, 8])
 @pytest.mark.parametrize("lengths", ["uniform", "mixed"])
 def test_vllm_spec_decode(state_dtype, tokens, lengths):
