@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
-    from gdngen.emit import check, display_path, emit, unmeasured_pairs
+    from gdngen.emit import EmitError, check, display_path, emit, unmeasured_pairs
     from gdngen.emit.render import RenderError
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.tuning_file import (
@@ -79,7 +79,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                     )
                 continue
             result = emit(spec, shown, out_root, measured)
-        except (RenderError, TuningError) as exc:
+        except (RenderError, TuningError, EmitError) as exc:
             print(f"gdngen: {exc}", file=sys.stderr)
             return 3
         print(

@@ -38,3 +38,9 @@ def variant_pair(name: str) -> tuple[str, str]:
     prefix, state_dtype = name.split("_")[:2]
     layouts = {p: layout for layout, p in LAYOUT_PREFIX.items()}
     return layouts[prefix], state_dtype
+
+
+#: the header line of an emitted kernel module that reuses another target's kernel body, naming
+#: the body's file under the generated root (written by gdngen.emit, read by the build
+#: fingerprint in gdngen.runtime.kernel_dir)
+KERNEL_BODY_LINE = "# Kernel body: "

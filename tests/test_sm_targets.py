@@ -1,16 +1,21 @@
 """SM targets without a GPU: each target's limits are checked against its variants, a spec can
 extend another for a second SM, and a call on the wrong GPU is told which import serves it."""
 
+import importlib
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 import generated.b200 as b200
 import generated.h200 as h200
+from gdngen.emit import EmitError, check, emit, plan_target
+from gdngen.runtime.kernel_dir import file_content_sha256
 from gdngen.runtime.siblings import targets_built_for, wrong_gpu_message
 from gdngen.spec import SpecError, load_spec, parse_spec, spec_sha256
 from gdngen.spec.sm import SM_FACTS
-from gdngen.terms import sm_suffix
+from gdngen.terms import KERNEL_BODY_LINE, sm_suffix
 from tests.spec_helpers import to_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,6 +104,87 @@ def test_a_cycle_through_two_specs(tmp_path):
     _write(tmp_path, "two.yaml", {"extends": "one.yaml"})
     with pytest.raises(SpecError, match=r"two\.yaml: extends: one\.yaml leads back"):
         load_spec(tmp_path / "one.yaml")
+
+
+# -- kernels of an extending target --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target,parent,sm", EXTENDED, ids=[t for t, _, _ in EXTENDED])
+def test_an_extending_target_compiles_the_kernel_bodies_of_the_spec_it_extends(target, parent, sm):
+    spec = load_spec(SPECS / f"{target}.yaml")
+    root = spec.ancestors[-1][0]  # dgx_spark -> rtx_blackwell -> h200: the bodies are h200's
+    for variant in spec.variants:
+        name, body_name = spec.variant_name(variant), root.variant_name(variant)
+        text = (ROOT / "generated" / target / "kernels" / f"{name}.py").read_text()
+        assert f"{KERNEL_BODY_LINE}{root.target}/kernels/{body_name}.py\n" in text, name
+        assert "@cute.kernel" not in text, name
+    name = spec.variant_name(spec.variants[-1])
+    module = importlib.import_module(f"generated.{target}.kernels.{name}")
+    body = importlib.import_module(
+        f"generated.{root.target}.kernels.{root.variant_name(spec.variants[-1])}"
+    )
+    # One device code, its own name and host side (the kernel's symbol names this target's SM).
+    assert module.decode_kernel is body.decode_kernel
+    assert module.NAME == name and module.launch is not body.launch
+    assert (module.LAYOUT, module.THREADS, module.HEAD_K_DIM) == (
+        body.LAYOUT,
+        body.THREADS,
+        body.HEAD_K_DIM,
+    )
+
+
+def test_a_knob_point_the_parent_lacks_gets_its_own_kernel_body(tmp_path):
+    _base(tmp_path)
+    variants = load_spec(tmp_path / "base.yaml").model_dump(mode="json")["variants"]
+    extra = {
+        "layout": "k_last",
+        "state_dtype": "bf16",
+        "tile_v": 32,
+        "ilp": 2,
+        "vec": 8,
+        "threads_per_group": 16,
+    }
+    child = _write(tmp_path, "child.yaml", {"extends": "base.yaml", "target": "child",
+                                            "sm": "sm_103a", "variants": variants + [extra]})  # fmt: skip
+    spec = load_spec(child)
+    templates = {p.relpath: p.template for p in plan_target(spec, "child.yaml")}
+    own = f"kernels/{spec.variant_name(spec.variants[-1])}.py"
+    assert templates.pop(own) == "decode.py.j2"
+    kernels = [t for relpath, t in templates.items() if relpath.startswith("kernels/kl_")
+               or relpath.startswith("kernels/vl_")]  # fmt: skip
+    assert kernels and set(kernels) == {"kernel_reuse.py.j2"}
+
+
+def test_a_child_is_not_emitted_before_the_bodies_it_reuses(tmp_path):
+    _base(tmp_path)
+    child = _write(tmp_path, "child.yaml", {"extends": "base.yaml", "target": "child",
+                                            "sm": "sm_103a"})  # fmt: skip
+    out = tmp_path / "generated"
+    spec = load_spec(child)
+    expected = (rf"child reuses the kernel bodies of {tmp_path}/base\.yaml, but \d+ of them are "
+                rf"not emitted \(first: generated/b200/kernels/\w+\.py\); run: gdngen emit "
+                rf"{tmp_path}/base\.yaml")  # fmt: skip
+    with pytest.raises(EmitError, match=expected):
+        emit(spec, "child.yaml", out)
+    assert not (out / "child").exists()
+    assert re.search(expected, check(spec, "child.yaml", out)[0])
+
+
+def test_an_edited_body_changes_the_build_fingerprint_of_every_target_compiling_it(tmp_path):
+    spec = load_spec(SPECS / "dgx_spark.yaml")
+    variant = spec.variants[0]
+    body = f"h200/kernels/{load_spec(SPECS / 'h200.yaml').variant_name(variant)}.py"
+    reuse = f"dgx_spark/kernels/{spec.variant_name(variant)}.py"
+    for relpath in (body, reuse):
+        (tmp_path / relpath).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "generated" / relpath, tmp_path / relpath)
+    before = file_content_sha256(tmp_path / reuse)
+    own = (tmp_path / reuse).read_text().splitlines()[2].removeprefix("# Content sha256: ")
+    assert before == f"{own}+{file_content_sha256(tmp_path / body)}"
+    text = (tmp_path / body).read_text().splitlines(keepends=True)
+    text[2] = "# Content sha256: 0123456789abcdef\n"  # the body as a template edit re-emits it
+    (tmp_path / body).write_text("".join(text))
+    assert file_content_sha256(tmp_path / reuse) == f"{own}+0123456789abcdef"
 
 
 # -- each target's own limits ---------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 from .plan import PlannedFile, VariantView, dispatch_rules, plan_target, unmeasured_pairs
 from .render import RenderError, render
-from .writer import EmitResult, check, display_path, emit, expected_files
+from .writer import EmitError, EmitResult, check, display_path, emit, expected_files
 
 __all__ = [
+    "EmitError",
     "EmitResult",
     "PlannedFile",
     "RenderError",

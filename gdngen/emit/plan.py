@@ -108,6 +108,9 @@ class PlannedFile:
     template: str
     spec_path: str
     context: dict = field(hash=False, compare=False)
+    #: for a kernel module that reuses another target's body: that module's path under the
+    #: generated root (its header names it, and the build fingerprint hashes it too)
+    body_from: str | None = None
 
 
 def natural_key(name: str) -> tuple:
@@ -129,15 +132,7 @@ def plan_target(spec: Spec, spec_path: str, measured: Measured | None = None) ->
         "served": [list(pair) for pair in spec.served],
         "spec": spec_path,
     }
-    files = [
-        PlannedFile(
-            relpath=f"kernels/{view.name}.py",
-            template="decode.py.j2",
-            spec_path=spec_path,
-            context={"name": view.name, "sm": spec.sm, "spec_path": spec_path, "variant": view},
-        )
-        for view in views
-    ]
+    files = [kernel_file(spec, spec_path, view) for view in views]
     files.append(
         PlannedFile(
             relpath="kernels/__init__.py",
@@ -163,6 +158,24 @@ def plan_target(spec: Spec, spec_path: str, measured: Measured | None = None) ->
         )
     )
     return files
+
+
+def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
+    """A variant's kernel module: its own body, or, where a spec this one extends has the same
+    knob point, a module that names that target's body and compiles it for this SM."""
+    context = {"name": view.name, "sm": spec.sm, "spec_path": spec_path, "variant": view}
+    donor = spec.kernel_donor(view.variant)
+    if donor is None:
+        return PlannedFile(f"kernels/{view.name}.py", "decode.py.j2", spec_path, context)
+    body_spec = donor[0]
+    body_name = body_spec.variant_name(view.variant)
+    return PlannedFile(
+        f"kernels/{view.name}.py",
+        "kernel_reuse.py.j2",
+        spec_path,
+        {**context, "body_target": body_spec.target, "body_name": body_name},
+        body_from=f"{body_spec.target}/kernels/{body_name}.py",
+    )
 
 
 def measured_pairs(spec: Spec, measured: Measured | None) -> list[tuple[str, str]]:

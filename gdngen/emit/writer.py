@@ -65,6 +65,30 @@ def _owned_on_disk(target_dir: Path) -> set[str]:
     }
 
 
+class EmitError(RuntimeError):
+    """A target that cannot be written as asked (nothing of it has been written)."""
+
+
+def missing_bodies(spec: Spec, out_root: Path) -> list[str]:
+    """The kernel bodies this target reuses from the targets it extends that are not emitted
+    under ``out_root`` (docs/design.md, "Targets that extend another"), each as a sentence
+    saying which file and how to emit it."""
+    missing = {}
+    for variant in spec.variants:
+        donor = spec.kernel_donor(variant)
+        if donor is None:
+            continue
+        body_spec, body_spec_path = donor
+        body = f"{body_spec.target}/kernels/{body_spec.variant_name(variant)}.py"
+        if not (out_root / body).is_file():
+            missing.setdefault(body_spec_path, []).append(f"{out_root.name}/{body}")
+    return [
+        f"{spec.target} reuses the kernel bodies of {spec_path}, but {len(files)} of them are not "
+        f"emitted (first: {files[0]}); run: gdngen emit {spec_path}"
+        for spec_path, files in missing.items()
+    ]
+
+
 @dataclass
 class EmitResult:
     written: list[str]
@@ -75,6 +99,9 @@ class EmitResult:
 def emit(
     spec: Spec, spec_display: str, out_root: Path, tuning: Measured | None = None
 ) -> EmitResult:
+    missing = missing_bodies(spec, out_root)
+    if missing:
+        raise EmitError("; ".join(missing))
     target_dir = out_root / spec.target
     files = expected_files(spec, spec_display, tuning)
     result = EmitResult([], [], [])
@@ -103,7 +130,7 @@ def check(
     """Differences between generated/<target>/ and what the spec produces, as diff text blocks."""
     target_dir = out_root / spec.target
     files = expected_files(spec, spec_display, tuning)
-    problems: list[str] = []
+    problems: list[str] = missing_bodies(spec, out_root)
     on_disk = _owned_on_disk(target_dir)
     for relpath in sorted(set(files) | on_disk):
         shown = f"{out_root.name}/{spec.target}/{relpath}"

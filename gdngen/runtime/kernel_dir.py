@@ -32,6 +32,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Iterator
 
+from gdngen.terms import KERNEL_BODY_LINE
+
 from .compile import CompileKey
 
 #: bumped when an entry's files change shape
@@ -81,17 +83,29 @@ def toolchain_versions() -> dict[str, str | None]:
 @cache
 def module_content_sha256(module_name: str) -> str:
     """The content hash a generated module's header carries (gdngen.emit.render), read from its
-    file without importing it (importing a kernel module imports CuTe DSL, seconds)."""
+    file without importing it (importing a kernel module imports CuTe DSL, seconds). A module
+    that reuses another target's kernel body adds that body's hash, so that an edited body never
+    meets a binary compiled from the old one."""
     spec = util.find_spec(module_name)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(f"no module {module_name}")
-    with open(spec.origin) as handle:
+    return file_content_sha256(Path(spec.origin))
+
+
+def file_content_sha256(path: Path) -> str:
+    own = body = None
+    with open(path) as handle:
         for _ in range(5):
             line = handle.readline()
             if line.startswith("# Content sha256: "):
-                return line.split(":", 1)[1].strip()
-    # not an emitted module (a test's hand-written one): hash the whole file
-    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:16]
+                own = line.split(":", 1)[1].strip()
+            elif line.startswith(KERNEL_BODY_LINE):
+                # the body's path under the generated root: <root>/<target>/kernels/<this>.py
+                body = path.parents[2] / line.removeprefix(KERNEL_BODY_LINE).strip()
+    if own is None:
+        # not an emitted module (a test's hand-written one): hash the whole file
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return own if body is None else f"{own}+{file_content_sha256(body)}"
 
 
 def fingerprint(key: CompileKey, module_sha256: str) -> dict:

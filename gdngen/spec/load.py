@@ -98,11 +98,20 @@ def _renamed(name, old_suffix: str, new_suffix: str):
 
 
 def parse_spec(text: str, spec_path: str = "<spec>") -> Spec:
-    data = _extended(_mapping(text, spec_path), spec_path)
+    data = _mapping(text, spec_path)
+    parent_name = data.get("extends")
+    data = _extended(data, spec_path)
     try:
-        return Spec.model_validate(data)
+        spec = Spec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(_describe(spec_path, data, exc)) from None
+    if parent_name is not None:
+        # _extended has read the chain and refused cycles; the emitter needs the ancestors
+        # themselves, to reuse their kernel modules.
+        parent_path = str(Path(spec_path).parent / parent_name)
+        parent = load_spec(parent_path)
+        spec._ancestors = ((parent, parent_path),) + parent.ancestors
+    return spec
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
 from gdngen.dispatch import Rule, coverage_gap
@@ -408,9 +408,25 @@ class Spec(_Strict):
     dispatch: Annotated[list[Rule], Field(min_length=1)]
     tuning: Tuning | None = None
     build: CallForms = CallForms()
+    #: the specs this one extends, nearest first, with the paths they were read from (set by
+    #: gdngen.spec.load; not part of the spec's meaning or hash)
+    _ancestors: tuple[tuple["Spec", str], ...] = PrivateAttr(default=())
+
+    @property
+    def ancestors(self) -> tuple[tuple["Spec", str], ...]:
+        return self._ancestors
 
     def variant_name(self, variant: Variant) -> str:
         return variant.name_for(self.sm)
+
+    def kernel_donor(self, variant: Variant) -> tuple["Spec", str] | None:
+        """The farthest spec this one extends that has the same knob point, with its path: its
+        kernel module holds the body this target compiles for its own SM (docs/design.md,
+        "Targets that extend another"). None where no ancestor has it."""
+        for ancestor, path in reversed(self._ancestors):
+            if variant in ancestor.variants:
+                return ancestor, path
+        return None
 
     @property
     def variants_by_name(self) -> dict[str, Variant]:
