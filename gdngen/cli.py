@@ -14,6 +14,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
     from gdngen.tune.tuning_file import (
         TuningError,
         default_path,
+        load_other_tunings,
         load_tuning,
         remeasure_command,
     )
@@ -35,6 +36,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         try:
             if tuning_path.exists():
                 measured = load_tuning(tuning_path, spec, display_path(tuning_path, project_root))
+            other_gpus = load_other_tunings(spec_path, spec, project_root)
         except TuningError as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -59,10 +61,10 @@ def _cmd_emit(args: argparse.Namespace) -> int:
             if measured is None or len(unmeasured) == len(spec.served)
             else measured.name
             + (f" (static rules for {', '.join(unmeasured)})" if unmeasured else "")
-        )
+        ) + "".join(f"; on {gpu}: {other.name}" for gpu, other in other_gpus.items())
         try:
             if args.check:
-                problems = check(spec, shown, out_root, measured)
+                problems = check(spec, shown, out_root, measured, other_gpus)
                 if problems:
                     for problem in problems:
                         print(problem.rstrip("\n"), file=sys.stderr)
@@ -78,7 +80,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                         f"from {source}"
                     )
                 continue
-            result = emit(spec, shown, out_root, measured)
+            result = emit(spec, shown, out_root, measured, other_gpus)
         except (RenderError, TuningError, EmitError) as exc:
             print(f"gdngen: {exc}", file=sys.stderr)
             return 3
@@ -100,20 +102,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from gdngen.measure.gpu_turns import gpu_turns
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.run import TuneError, merge, retime_record, tune, write
-    from gdngen.tune.tuning_file import TuningError, default_path, read_tuning, stale_pairs
+    from gdngen.tune.tuning_file import (
+        TuningError,
+        gpu_model,
+        read_tuning,
+        stale_pairs,
+        tuning_path,
+    )
 
     spec_path = Path(args.spec)
-    out = Path(args.out) if args.out else default_path(spec_path)
-    if args.retime and not out.is_file():
-        print(
-            f"gdngen tune: --retime adds timings to the cells of {out}, which does not exist; "
-            "measure them first (without --retime)",
-            file=sys.stderr,
-        )
-        return 2
-    if not torch.cuda.is_available():
-        print("gdngen tune: needs a CUDA GPU", file=sys.stderr)
-        return 2
     try:
         spec = load_spec(spec_path)
     except SpecError as exc:
@@ -124,6 +121,19 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             f"gdngen tune: {spec_path} has no `tuning:` section (the grid to measure)",
             file=sys.stderr,
         )
+        return 2
+    # The running GPU's own tuning file (tune refuses a GPU model the spec does not list).
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    out = Path(args.out or tuning_path(spec_path, spec, gpu_model(spec, gpu) or spec.tuning.gpu))
+    if args.retime and not out.is_file():
+        print(
+            f"gdngen tune: --retime adds timings to the cells of {out}, which does not exist; "
+            "measure them first (without --retime)",
+            file=sys.stderr,
+        )
+        return 2
+    if not gpu:
+        print("gdngen tune: needs a CUDA GPU", file=sys.stderr)
         return 2
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
@@ -174,10 +184,9 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
 
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.run import TuneError, merge_runs, write
-    from gdngen.tune.tuning_file import TuningError, default_path, read_tuning
+    from gdngen.tune.tuning_file import TuningError, gpu_model, read_tuning, tuning_path
 
     spec_path = Path(args.spec)
-    out = Path(args.out) if args.out else default_path(spec_path)
     try:
         spec = load_spec(spec_path)
         runs = [read_tuning(Path(path)) for path in args.files]
@@ -186,16 +195,19 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
     except (SpecError, TuningError, TuneError) as exc:
         print(f"gdngen merge-tuning: {exc}", file=sys.stderr)
         return 2
+    # The file of the GPU model the runs measured.
+    model = gpu_model(spec, merged.gpu) or (spec.tuning.gpu if spec.tuning else None)
+    out = Path(args.out) if args.out else tuning_path(spec_path, spec, model)
     write(out, merged)
     print(f"wrote {out}: {len(merged.cells)} cells from {len(runs)} files")
     print(f"now run: gdngen emit {spec_path}")
     return 0
 
 
-def _stale(spec, shown: str, generated: Path, measured) -> bool:
+def _stale(spec, shown: str, generated: Path, measured, other_gpus) -> bool:
     from gdngen.emit import check  # (renders through black)
 
-    return bool(check(spec, shown, generated, measured))
+    return bool(check(spec, shown, generated, measured, other_gpus))
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -203,7 +215,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     from gdngen.runtime.build import build_artifacts
     from gdngen.spec import SpecError, load_spec
-    from gdngen.tune.tuning_file import TuningError, default_path, load_tuning
+    from gdngen.tune.tuning_file import (
+        TuningError,
+        default_path,
+        load_other_tunings,
+        load_tuning,
+    )
 
     spec_path = Path(args.spec)
     try:
@@ -213,11 +230,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
         measured = (
             load_tuning(tuning_path, spec, tuning_path.as_posix()) if tuning_path.exists() else None
         )
+        other_gpus = load_other_tunings(spec_path, spec, Path(args.generated).resolve().parent)
     except (SpecError, TuningError) as exc:
         print(exc, file=sys.stderr)
         return 2
     # Kernels are built from the generated modules: they must be what the spec produces.
-    if not args.no_check and _stale(spec, shown, Path(args.generated), measured):
+    if not args.no_check and _stale(spec, shown, Path(args.generated), measured, other_gpus):
         print(
             f"gdngen build: {args.generated}/{spec.target}/ is not what {shown} produces; run "
             f"gdngen emit {shown} first",

@@ -274,7 +274,7 @@ def test_emit_from_tuning_is_deterministic(spec):
     [
         (
             dict(gpu="NVIDIA A100-SXM4-80GB"),
-            "measured on 'NVIDIA A100-SXM4-80GB'; the spec's tuning.gpu is 'H100'",
+            "measured on 'NVIDIA A100-SXM4-80GB'; this file is for the spec's 'H100'",
         ),
         (
             dict(variants_sha256={"k_last/bf16": "0000"}),

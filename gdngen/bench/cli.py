@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tuning",
         default=None,
-        help="tuning file for --variants contenders (default specs/TARGET.tuning.yaml)",
+        help="tuning file for --variants contenders (default: the running GPU model's, e.g. "
+        "specs/TARGET.tuning.yaml or specs/TARGET.tuning.h100.yaml)",
     )
     parser.add_argument("--contender-margin", type=float, default=None, help="default 0.10")
     parser.add_argument("--peers", type=_words, default=["flashinfer", "fla"], help="or: none")
@@ -56,6 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share the GPU with other bench or tune processes naming the same FILE: compiles "
         "run side by side, GPU work (inputs, checks, timings) in turns",
     )
+
+
+def running_gpus_tuning_file(target) -> Path:
+    """The tuning file of the GPU model this process runs on, per the target's spec (the spec's
+    default one without a GPU, or for a model the spec does not list)."""
+    import torch
+
+    from gdngen.spec import load_spec
+    from gdngen.tune.tuning_file import default_path, gpu_model, tuning_path
+
+    spec_path = Path(target.INFO.spec or f"specs/{target.INFO.name}.yaml")
+    if not spec_path.is_file():
+        return default_path(spec_path)
+    spec = load_spec(spec_path)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    model = gpu_model(spec, gpu) if spec.tuning else None
+    return tuning_path(spec_path, spec, model) if model else default_path(spec_path)
 
 
 def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
@@ -74,7 +92,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    tuning = Path(args.tuning or f"specs/{args.target}.tuning.yaml")
+    tuning = Path(args.tuning) if args.tuning else running_gpus_tuning_file(target)
     try:
         variants_for = picker(
             args.variants, target, tuning_path=tuning,

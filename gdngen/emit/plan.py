@@ -118,8 +118,15 @@ def natural_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
-def plan_target(spec: Spec, spec_path: str, measured: Measured | None = None) -> list[PlannedFile]:
-    """Every file of generated/<spec.target>/, in a fixed order."""
+def plan_target(
+    spec: Spec,
+    spec_path: str,
+    measured: Measured | None = None,
+    other_gpus: dict[str, Measured] | None = None,
+) -> list[PlannedFile]:
+    """Every file of generated/<spec.target>/, in a fixed order. ``measured`` is the tuning file
+    of the spec's ``tuning.gpu`` (the default table), ``other_gpus`` those of its other GPU
+    models (a table each)."""
     variants = sorted(spec.variants, key=lambda v: natural_key(spec.variant_name(v)))
     views = [VariantView.of(spec, variant) for variant in variants]
     target_info = {
@@ -146,7 +153,14 @@ def plan_target(spec: Spec, spec_path: str, measured: Measured | None = None) ->
             relpath="dispatch.py",
             template="dispatch.py.j2",
             spec_path=spec_path,
-            context={"target": spec.target, "rules": dispatch_rules(spec, measured)},
+            context={
+                "target": spec.target,
+                "rules": dispatch_rules(spec, measured),
+                "table_gpu": spec.tuning.gpu if spec.tuning and measured else None,
+                "tables": {
+                    gpu: dispatch_rules(spec, other) for gpu, other in (other_gpus or {}).items()
+                },
+            },
         )
     )
     files.append(

@@ -32,10 +32,19 @@ def display_path(spec_path: Path, project_root: Path) -> str:
         return spec_path.name
 
 
-def expected_files(spec: Spec, spec_display: str, tuning: Measured | None = None) -> dict[str, str]:
-    """relpath -> content for every file of generated/<target>/, manifest included."""
+def expected_files(
+    spec: Spec,
+    spec_display: str,
+    tuning: Measured | None = None,
+    other_gpus: dict[str, Measured] | None = None,
+) -> dict[str, str]:
+    """relpath -> content for every file of generated/<target>/, manifest included. ``tuning``
+    is the tuning file of the spec's ``tuning.gpu``, ``other_gpus`` those of its other GPU
+    models (gdngen.tune.tuning_file.load_other_tunings)."""
+    other_gpus = other_gpus or {}
     files = {
-        planned.relpath: render(planned) for planned in plan_target(spec, spec_display, tuning)
+        planned.relpath: render(planned)
+        for planned in plan_target(spec, spec_display, tuning, other_gpus)
     }
     lines = [
         f"# Files emitted by gdngen for target {spec.target} from {spec_display}; do not edit.",
@@ -48,6 +57,18 @@ def expected_files(spec: Spec, spec_display: str, tuning: Measured | None = None
         lines.append(f"# Dispatch measured ({tuning.name}): {', '.join(measured)}")
     for pair, why in unmeasured.items():
         lines.append(f"# Dispatch from the spec's static rules: {pair} ({why})")
+    for gpu in (spec.tuning.other_gpus if spec.tuning else ()):
+        other = other_gpus.get(gpu)
+        if other is None:
+            lines.append(f"# Dispatch on {gpu}: no tuning file, so the default table above")
+            continue
+        gpu_unmeasured = unmeasured_pairs(spec, other)
+        gpu_measured = [pair_key(*p) for p in spec.served if pair_key(*p) not in gpu_unmeasured]
+        rest = f"; static rules for {', '.join(gpu_unmeasured)}" if gpu_unmeasured else ""
+        lines.append(
+            f"# Dispatch on {gpu}: its own table, measured ({other.name}): "
+            f"{', '.join(gpu_measured) or 'no pair'}{rest}"
+        )
     for relpath in sorted(files):
         digest = hashlib.sha256(files[relpath].encode()).hexdigest()[:16]
         lines.append(f"{digest}  {relpath}")
@@ -97,13 +118,17 @@ class EmitResult:
 
 
 def emit(
-    spec: Spec, spec_display: str, out_root: Path, tuning: Measured | None = None
+    spec: Spec,
+    spec_display: str,
+    out_root: Path,
+    tuning: Measured | None = None,
+    other_gpus: dict[str, Measured] | None = None,
 ) -> EmitResult:
     missing = missing_bodies(spec, out_root)
     if missing:
         raise EmitError("; ".join(missing))
     target_dir = out_root / spec.target
-    files = expected_files(spec, spec_display, tuning)
+    files = expected_files(spec, spec_display, tuning, other_gpus)
     result = EmitResult([], [], [])
     root_init = out_root / "__init__.py"
     if not root_init.exists():
@@ -125,11 +150,15 @@ def emit(
 
 
 def check(
-    spec: Spec, spec_display: str, out_root: Path, tuning: Measured | None = None
+    spec: Spec,
+    spec_display: str,
+    out_root: Path,
+    tuning: Measured | None = None,
+    other_gpus: dict[str, Measured] | None = None,
 ) -> list[str]:
     """Differences between generated/<target>/ and what the spec produces, as diff text blocks."""
     target_dir = out_root / spec.target
-    files = expected_files(spec, spec_display, tuning)
+    files = expected_files(spec, spec_display, tuning, other_gpus)
     problems: list[str] = missing_bodies(spec, out_root)
     on_disk = _owned_on_disk(target_dir)
     for relpath in sorted(set(files) | on_disk):

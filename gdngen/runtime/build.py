@@ -25,11 +25,17 @@ MANIFEST = "MANIFEST.json"
 
 
 def target_keys(spec, target: ModuleType) -> list[CompileKey]:
-    """The compile keys of ``spec``'s build forms over its generated target's dispatch."""
-    return compile_keys(
-        target.dispatch.TABLE, arch=spec.sm, geometries=spec.geometries, pairs=spec.served,
-        max_tokens=spec.features.max_tokens, forms=spec_forms(spec.build),
-    )  # fmt: skip
+    """The compile keys of ``spec``'s build forms over every table of its generated target's
+    dispatch (the default one and each GPU model's): one artifact directory serves each GPU."""
+    tables = [target.dispatch.TABLE, *target.dispatch.TABLES.values()]
+    keys = {}
+    for table in tables:
+        for key in compile_keys(
+            table, arch=spec.sm, geometries=spec.geometries, pairs=spec.served,
+            max_tokens=spec.features.max_tokens, forms=spec_forms(spec.build),
+        ):  # fmt: skip
+            keys[key] = None
+    return list(keys)
 
 
 def _build_one(module_name: str, key: CompileKey, out: str) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 from gdngen.dispatch import CallShape, Rule, select
 
@@ -14,7 +17,9 @@ from .info import TargetInfo
 from .launcher import DecodeCall
 from .store import find_kernel
 
-__all__ = ["Target", "TargetInfo", "WarmupSummary"]
+__all__ = ["TableChoice", "Target", "TargetInfo", "WarmupSummary"]
+
+log = logging.getLogger("gdngen")
 
 
 @dataclass
@@ -37,6 +42,16 @@ class WarmupSummary:
         return f"{len(self.kernels)} kernels ready in {self.seconds:.2f} s ({sources or 'none'})"
 
 
+@dataclass(frozen=True)
+class TableChoice:
+    """Which dispatch table a GPU gets, and a sentence saying why."""
+
+    table: tuple[Rule, ...]
+    reason: str
+    #: the GPU model has no measured table of its own: it borrows the default one
+    fallback: bool = False
+
+
 class Target:
     def __init__(
         self,
@@ -45,24 +60,76 @@ class Target:
         variants: tuple[str, ...],
         *,
         kernels_package: str,
+        tables: dict[str, tuple[Rule, ...]] | None = None,
+        table_gpu: str | None = None,
     ) -> None:
         self.info = info
         self.table = table
+        #: GPU model -> the table measured on it; devices matching none use ``table``
+        self.tables = dict(tables or {})
+        #: the GPU model ``table`` was measured on (None: the spec's static rules)
+        self.table_gpu = table_gpu
         self.variants = variants
         self.kernels_package = kernels_package
-        unknown = sorted({rule.use for rule in table} - set(variants))
+        every_rule = [rule for t in (table, *self.tables.values()) for rule in t]
+        unknown = sorted({rule.use for rule in every_rule} - set(variants))
         if unknown:
             raise ImportError(f"target {info.name}: dispatch rules name unknown variants {unknown}")
+        self._table_of_device: dict[int, tuple[Rule, ...]] = {}
         self.gdn_decode = DecodeCall(
             "gdn_decode", lambda: info, self._choose, lambda: kernels_package
         )
 
+    def table_for(self, gpu: str) -> TableChoice:
+        """The dispatch table for a GPU (its name, e.g. ``NVIDIA H100 80GB HBM3``), and why
+        (docs/design.md, "Dispatch per GPU model")."""
+        for model, table in self.tables.items():
+            if model.lower() in gpu.lower():
+                return TableChoice(table, f"{gpu}: the table measured on {model}")
+        if self.table_gpu is None:
+            return TableChoice(self.table, f"{gpu}: the spec's static rules")
+        if self.table_gpu.lower() in gpu.lower():
+            return TableChoice(self.table, f"{gpu}: the table measured on {self.table_gpu}")
+        models = ", ".join([self.table_gpu, *self.tables])
+        return TableChoice(
+            self.table,
+            f"{gpu}: target {self.info.name} has no table measured on this GPU model (it has "
+            f"{models}); using the default table, measured on {self.table_gpu}. To measure one, "
+            f"add the model to tuning.other_gpus in {self.info.spec or 'the spec'} and run "
+            "`gdngen tune` on it",
+            fallback=True,
+        )
+
+    def _device_table(self, device) -> tuple[Rule, ...]:
+        """The table of a CUDA device, looked up once per device and said once: at INFO level,
+        or as a warning where the device's GPU model has no measured table of its own."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        table = self._table_of_device.get(index)
+        if table is None:
+            choice = self.table_for(torch.cuda.get_device_name(index))
+            level = logging.WARNING if choice.fallback else logging.INFO
+            log.log(level, "gdngen dispatch on cuda:%d, %s", index, choice.reason)
+            table = self._table_of_device[index] = choice.table
+        return table
+
     def select(
-        self, *, layout: str, state_dtype: str, tokens: int, batch_heads: int, intermediate: bool
+        self,
+        *,
+        layout: str,
+        state_dtype: str,
+        tokens: int,
+        batch_heads: int,
+        intermediate: bool,
+        gpu: str | None = None,
     ) -> Rule:
-        """The dispatch rule that serves a call of this shape; LookupError if none does."""
+        """The dispatch rule that serves a call of this shape on ``gpu`` (a device name; None:
+        the current CUDA device's, or the default table without one); LookupError if none does."""
+        if gpu is None and torch.cuda.is_available():
+            table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
+        else:
+            table = self.table if gpu is None else self.table_for(gpu).table
         shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate)
-        rule = select(self.table, shape)
+        rule = select(table, shape)
         if rule is None:
             raise LookupError(
                 f"target {self.info.name}: no dispatch rule serves {shape.describe()}"
@@ -70,13 +137,15 @@ class Target:
         return rule
 
     def _choose(self, call: Call) -> str:
-        return self.select(
-            layout=call.layout,
-            state_dtype=call.state_dtype,
-            tokens=call.tokens,
-            batch_heads=call.batch_heads,
-            intermediate=call.stores_token_states,
-        ).use
+        shape = CallShape(
+            call.layout, call.state_dtype, call.tokens, call.batch_heads, call.stores_token_states
+        )
+        rule = select(self._device_table(call.pool.device), shape)
+        if rule is None:
+            raise LookupError(
+                f"target {self.info.name}: no dispatch rule serves {shape.describe()}"
+            )
+        return rule.use
 
     def variant(self, name: str) -> DecodeCall:
         """One variant's call, with no dispatch (for tests, benchmarks and pinning)."""
@@ -145,10 +214,21 @@ class Target:
             )  # fmt: skip
             for mode in modes
         ]
-        keys = compile_keys(
-            self.table, arch=info.sm, geometries=geometries, pairs=[(layout, state_dtype)],
-            max_tokens=max_tokens, forms=forms,
-        )  # fmt: skip
+        # The current GPU's table; without a GPU (warming a disk cache), every table's kernels.
+        if torch.cuda.is_available():
+            tables = [self._device_table(torch.device("cuda", torch.cuda.current_device()))]
+        else:
+            tables = [self.table, *self.tables.values()]
+        keys = list(
+            dict.fromkeys(
+                key
+                for table in tables
+                for key in compile_keys(
+                    table, arch=info.sm, geometries=geometries, pairs=[(layout, state_dtype)],
+                    max_tokens=max_tokens, forms=forms,
+                )  # fmt: skip
+            )
+        )
         summary = WarmupSummary()
         started = time.perf_counter()
         for index, key in enumerate(keys):

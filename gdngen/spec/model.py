@@ -356,6 +356,10 @@ class Tuning(_Strict):
     gpu: str = Field(
         min_length=1, description="substring of the GPU name the timings must come from"
     )
+    #: more GPU models of this SM, each measured on its own (its tuning file beside the spec's,
+    #: gdngen.tune.tuning_file.tuning_path) and dispatched by its own table, picked at run time
+    #: from the device's name; a part matching none of them uses ``gpu``'s table
+    other_gpus: tuple[str, ...] = ()
     tokens: tuple[int, ...] = (1, 2, 4, 8)
     batch: tuple[int, ...] = (1, 4, 16, 64, 256, 512)
     heads: tuple[int, ...] = (32, 64)
@@ -369,6 +373,20 @@ class Tuning(_Strict):
             raise ValueError("tokens must include 1 (T = 1 rows are the base of every table)")
         if any(t < 1 for t in self.tokens) or any(b < 1 for b in self.batch):
             raise ValueError("tokens and batch sizes must be >= 1")
+        models = [self.gpu, *self.other_gpus]
+        for index, model in enumerate(models):
+            if not model.strip() or not any(c.isalnum() for c in model):
+                raise ValueError(f"other_gpus: expected GPU model names; got {model!r}")
+            clash = [
+                m
+                for m in models[:index]
+                if m.lower() in model.lower() or model.lower() in m.lower()
+            ]
+            if clash:
+                raise ValueError(
+                    f"other_gpus: {model!r} and {clash[0]!r} would both match one GPU's name; "
+                    "each GPU model must be named once"
+                )
         return self
 
 

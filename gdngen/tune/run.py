@@ -36,7 +36,15 @@ from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_si
 from gdngen.problem import Problem, state_of
 from gdngen.spec.model import Spec
 
-from .tuning_file import Cell, TuningFile, pair_key, pair_sha256, stale_pairs
+from .tuning_file import (
+    Cell,
+    TuningFile,
+    gpu_model,
+    pair_key,
+    pair_sha256,
+    stale_pairs,
+    tuning_gpus,
+)
 
 #: a variant whose check error exceeds this is a bug, not a tuning result
 CHECK_TOL = 5e-3
@@ -169,8 +177,11 @@ def tune(
     grid = spec.tuning
     target = importlib.import_module(f"generated.{spec.target}")
     gpu = torch.cuda.get_device_name()
-    if grid.gpu.lower() not in gpu.lower():
-        raise TuneError(f"the spec's tuning.gpu is {grid.gpu!r}; this GPU is {gpu!r}")
+    if gpu_model(spec, gpu) is None:
+        raise TuneError(
+            f"this GPU is {gpu!r}; the spec measures {', '.join(map(repr, tuning_gpus(spec)))} "
+            "(tuning.gpu and tuning.other_gpus): add its model to tuning.other_gpus to measure it"
+        )
     with gpu_turn():
         copy_bw = copy_bandwidth()
     geometry_by_heads = {g.HV: g for g in spec.geometries}

@@ -117,7 +117,31 @@ def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
 
 
 def default_path(spec_path: Path) -> Path:
+    """The tuning file of the spec's ``tuning.gpu``: ``specs/h200.yaml`` -> ``specs/h200.tuning.yaml``."""
     return spec_path.with_name(spec_path.stem + ".tuning.yaml")
+
+
+def tuning_gpus(spec: Spec) -> tuple[str, ...]:
+    """The GPU models the spec's dispatch is measured per: ``tuning.gpu`` (whose table is the
+    default for parts listed nowhere) first, then ``tuning.other_gpus``."""
+    return (spec.tuning.gpu, *spec.tuning.other_gpus) if spec.tuning else ()
+
+
+def tuning_path(spec_path: Path, spec: Spec, gpu: str) -> Path:
+    """The tuning file of one of the spec's GPU models: :func:`default_path` for ``tuning.gpu``,
+    ``specs/h200.tuning.h100.yaml`` for ``other_gpus: [H100]``."""
+    if spec.tuning is None or gpu == spec.tuning.gpu:
+        return default_path(spec_path)
+    slug = "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
+    return spec_path.with_name(f"{spec_path.stem}.tuning.{slug}.yaml")
+
+
+def gpu_model(spec: Spec, device_name: str) -> str | None:
+    """Which of the spec's GPU models a device is (its name contains the model's, any case)."""
+    for model in tuning_gpus(spec):
+        if model.lower() in device_name.lower():
+            return model
+    return None
 
 
 def read_tuning(path: Path) -> TuningFile:
@@ -153,12 +177,15 @@ def remeasure_command(spec_path: str, pairs: list[str]) -> str:
     return f"gdngen tune {spec_path} --pairs {','.join(pairs)} --merge"
 
 
-def load_tuning(path: Path, spec: Spec, name: str | None = None) -> Measured:
+def load_tuning(
+    path: Path, spec: Spec, name: str | None = None, *, gpu: str | None = None
+) -> Measured:
     """Read a tuning file for ``spec``: the cells that still hold, per pair.
 
     A file for another target or SM, or one whose cells name variants of another layout/dtype,
     is refused (TuningError); a pair whose variants changed since it was measured, or a file
-    measured on another GPU model than the spec's ``tuning.gpu``, only makes those pairs stale.
+    measured on another GPU model than ``gpu`` (default: the spec's ``tuning.gpu``), only makes
+    those pairs stale.
     """
     tuning = read_tuning(path)
     name = name or path.name
@@ -187,9 +214,9 @@ def load_tuning(path: Path, spec: Spec, name: str | None = None) -> Measured:
                 f"{pair_key(cell.layout, cell.state_dtype)} cell whose pair hash matches the spec: "
                 "the file was edited by hand); re-measure it with gdngen tune"
             )
-    expected_gpu = spec.tuning.gpu if spec.tuning else None
+    expected_gpu = gpu or (spec.tuning.gpu if spec.tuning else None)
     if expected_gpu and expected_gpu.lower() not in tuning.gpu.lower():
-        why = f"measured on {tuning.gpu!r}; the spec's tuning.gpu is {expected_gpu!r}"
+        why = f"measured on {tuning.gpu!r}; this file is for the spec's {expected_gpu!r}"
         stale = {key: why for key in {pair_key(c.layout, c.state_dtype) for c in tuning.cells}}
     cells = tuple(c for c in tuning.cells if pair_key(c.layout, c.state_dtype) not in stale)
     return Measured(name=name, cells=cells, stale=dict(sorted(stale.items())), tuning=tuning)
@@ -241,3 +268,18 @@ def dump_tuning(tuning: TuningFile) -> str:
         if retimed:
             lines.append(f"     retimed_us: [{', '.join(_flow(t) for t in retimed)}]}}")
     return "\n".join(lines) + "\n"
+
+
+def load_other_tunings(spec_path: Path, spec: Spec, project_root: Path) -> dict[str, Measured]:
+    """The tuning files of the spec's ``tuning.other_gpus`` that exist, by GPU model, each named
+    as dispatch rules cite it (relative to ``project_root``)."""
+    found = {}
+    for gpu in tuning_gpus(spec)[1:]:
+        path = tuning_path(spec_path, spec, gpu)
+        if path.is_file():
+            try:
+                shown = path.resolve().relative_to(project_root.resolve()).as_posix()
+            except ValueError:
+                shown = path.name
+            found[gpu] = load_tuning(path, spec, shown, gpu=gpu)
+    return found

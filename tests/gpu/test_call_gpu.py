@@ -216,3 +216,27 @@ def test_a_target_for_another_sm_names_the_import_for_this_gpu(other):
         target.gdn_decode(**args)
     assert compiled_count() == before
     assert args["initial_state"].equal(pool)
+
+
+@pytest.mark.parametrize(
+    "layout,state_dtype", [("k_last", "bf16"), ("v_last", "fp32"), ("k_last", "fp16")]
+)
+def test_the_dispatch_follows_this_gpus_model(layout, state_dtype):
+    """An H100 gets the table measured on an H100, an H200 the default one (measured on an H200),
+    another sm_90a part the default one; the call, `select` and `table_for` agree."""
+    from gdngen.dispatch import CallShape, select
+
+    name = torch.cuda.get_device_name()
+    own = next(
+        (t for model, t in h200.dispatch.TABLES.items() if model.lower() in name.lower()),
+        h200.dispatch.TABLE,
+    )
+    for batch in (1, 64, 512):
+        problem = Problem(
+            batch=batch, HV=64, layout=layout, state_dtype=state_dtype, pool_size=batch
+        )
+        chosen = h200.gdn_decode.prepare(**problem.make("cuda"))
+        shape = CallShape(layout, state_dtype, 1, batch * 64, False)
+        assert chosen == select(own, shape).use
+        assert chosen == h200.select(layout=layout, state_dtype=state_dtype, tokens=1,
+                                     batch_heads=batch * 64, intermediate=False).use  # fmt: skip
