@@ -244,7 +244,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
         return 2
     target = importlib.import_module(f"{Path(args.generated).name}.{spec.target}")
     out = Path(args.out or f"build/{spec.target}")
-    manifest = build_artifacts(spec, target, out, jobs=args.jobs)
+    geometries = tuple(args.geometries.split(",")) if args.geometries else None
+    try:
+        spec.build_geometries(geometries)
+    except ValueError as exc:
+        print(f"gdngen build: {exc}", file=sys.stderr)
+        return 2
+    manifest = build_artifacts(spec, target, out, jobs=args.jobs, geometries=geometries)
     print(
         f"{out}/: {manifest['kernels']} kernels ({manifest['built']} built, the rest already "
         f"there); use them with GDNGEN_ARTIFACTS={out}"
@@ -347,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_build.add_argument("--out", help="artifact directory (default: build/<target>)")
     p_build.add_argument("--jobs", type=int, default=1, help="compile processes (default 1)")
     p_build.add_argument("--generated", default="generated", help="generated root (default)")
+    p_build.add_argument(
+        "--geometries",
+        help="comma list of geometry names to build (default: the spec's build.geometries, "
+        "else all), e.g. qwen3.5-tp2",
+    )
     p_build.add_argument(
         "--no-check",
         action="store_true",

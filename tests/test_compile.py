@@ -35,7 +35,7 @@ def _cases():
 
 
 def _keys(info, module):
-    geometry = info.geometries[-1]
+    geometry = max(info.geometries, key=lambda g: g.HV)  # the largest shape
     common = dict(
         variant=module.NAME, arch=info.sm, H=geometry.H, HV=geometry.HV, K=geometry.K,
         V=geometry.V, io_dtype="bf16", gate_dtype="bf16", dt_bias_dtype="fp32",

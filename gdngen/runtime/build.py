@@ -24,14 +24,15 @@ from .kernel_dir import KernelDir, fingerprint, module_content_sha256, toolchain
 MANIFEST = "MANIFEST.json"
 
 
-def target_keys(spec, target: ModuleType) -> list[CompileKey]:
+def target_keys(spec, target: ModuleType, geometries=None) -> list[CompileKey]:
     """The compile keys of ``spec``'s build forms over every table of its generated target's
-    dispatch (the default one and each GPU model's): one artifact directory serves each GPU."""
+    dispatch (the default one and each GPU model's): one artifact directory serves each GPU.
+    ``geometries`` (names) overrides the spec's build geometries."""
     tables = [target.dispatch.TABLE, *target.dispatch.TABLES.values()]
     keys = {}
     for table in tables:
         for key in compile_keys(
-            table, arch=spec.sm, geometries=spec.geometries, pairs=spec.served,
+            table, arch=spec.sm, geometries=spec.build_geometries(geometries), pairs=spec.served,
             max_tokens=spec.features.max_tokens, forms=spec_forms(spec.build),
         ):  # fmt: skip
             keys[key] = None
@@ -53,13 +54,19 @@ def _build_one(module_name: str, key: CompileKey, out: str) -> str:
 
 
 def build_artifacts(
-    spec, target: ModuleType, out: Path, *, jobs: int = 1, progress=sys.stderr
+    spec,
+    target: ModuleType,
+    out: Path,
+    *,
+    jobs: int = 1,
+    geometries: tuple[str, ...] | None = None,
+    progress=sys.stderr,
 ) -> dict:
     """Build (or find already built) every kernel of :func:`target_keys` in ``out``; returns the
     manifest written there."""
     out.mkdir(parents=True, exist_ok=True)
     package = f"{target.__name__}.kernels"
-    keys = target_keys(spec, target)
+    keys = target_keys(spec, target, geometries)
     started = time.perf_counter()
     outcomes: list[str] = []
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:

@@ -411,6 +411,10 @@ class CallForms(_Strict):
     gate_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     dt_bias_dtype: Literal["bf16", "fp32"] = "fp32"
     use_qk_l2norm: bool = True
+    #: the geometries (by name) built ahead of time; None: all of them. Every geometry is served:
+    #: the others compile on first use (or with `gdngen build --geometries`), so a spec can carry
+    #: every tensor-parallel shard of a model without multiplying the default build
+    geometries: tuple[str, ...] | None = None
 
 
 class Spec(_Strict):
@@ -426,6 +430,21 @@ class Spec(_Strict):
     dispatch: Annotated[list[Rule], Field(min_length=1)]
     tuning: Tuning | None = None
     build: CallForms = CallForms()
+
+    def build_geometries(self, names: tuple[str, ...] | None = None) -> list[Geometry]:
+        """The geometries ``gdngen build`` compiles: ``names`` (a ValueError names any the spec
+        lacks), else the ``build:`` section's, else all."""
+        names = names if names is not None else self.build.geometries
+        if names is None:
+            return list(self.geometries)
+        known = {g.name: g for g in self.geometries}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(
+                f"geometries: {', '.join(unknown)} not in target {self.target} "
+                f"(it has {', '.join(known)})"
+            )
+        return [known[n] for n in names]
     #: the specs this one extends, nearest first, with the paths they were read from (set by
     #: gdngen.spec.load; not part of the spec's meaning or hash)
     _ancestors: tuple[tuple["Spec", str], ...] = PrivateAttr(default=())
@@ -485,6 +504,12 @@ class Spec(_Strict):
         geometry_names = [g.name for g in self.geometries]
         if len(set(geometry_names)) != len(geometry_names):
             raise ValueError(f"geometries: names must be unique, got {geometry_names}")
+        unknown_builds = [n for n in self.build.geometries or () if n not in geometry_names]
+        if unknown_builds:
+            raise ValueError(
+                f"build.geometries: {', '.join(unknown_builds)} not among the spec's geometries "
+                f"({', '.join(geometry_names)})"
+            )
         known = set(names)
         for index, rule in enumerate(self.dispatch):
             if rule.use not in known:

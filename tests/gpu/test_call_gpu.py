@@ -240,3 +240,18 @@ def test_the_dispatch_follows_this_gpus_model(layout, state_dtype):
         assert chosen == select(own, shape).use
         assert chosen == h200.select(layout=layout, state_dtype=state_dtype, tokens=1,
                                      batch_heads=batch * 64, intermediate=False).use  # fmt: skip
+
+
+@pytest.mark.parametrize("geometry", h200.INFO.geometries, ids=lambda g: g.name)
+def test_each_tensor_parallel_shard_matches_the_reference(geometry):
+    """Every geometry the target serves (each model at TP 1, 2, 4, 8), through the dispatch:
+    plain decode on a padded pool, and verify with a positional cache."""
+    shape = dict(H=geometry.H, HV=geometry.HV, K=geometry.K, V=geometry.V)
+    seed = sum(map(ord, geometry.name))
+    run_and_check(h200.gdn_decode, Problem(batch=5, pool_size=12, padded_rows=(2,), seed=seed,
+                                           **shape))  # fmt: skip
+    run_and_check(
+        h200.gdn_decode,
+        Problem(batch=3, tokens=4, layout="v_last", state_dtype="fp32", pool_size=8,
+                cache_steps=4, disable_state_update=True, seed=seed + 1, **shape),
+    )  # fmt: skip
