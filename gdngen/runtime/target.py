@@ -178,9 +178,10 @@ class Target:
         configuration can dispatch to: each T in 1..max_tokens, each mode (gdngen.runtime.forms.
         MODES: "update", "verify", "spec", "verify_rows"; all but "update" for T >= 2), every
         batch size. It launches nothing and needs no GPU, so it is safe before CUDA-graph capture.
-        ``geometry`` names one of the target's geometries (None: all); ``index_dtype`` None is a
-        dense state; ``packed`` is the cu_seqlens form (T is then max_seqlen); ``null_slot`` the
-        padding sentinel the engine uses."""
+        ``geometry`` names one of the target's geometries, the engine's per-GPU shard (None: all
+        of them, every TP shard included); ``index_dtype`` None is a dense state; ``packed`` is
+        the cu_seqlens form (T is then max_seqlen); ``null_slot`` the padding sentinel the
+        engine uses."""
         info = self.info
         if (layout, state_dtype) not in info.served:
             served = ", ".join(f"{a}/{b}" for a, b in info.served)
