@@ -26,6 +26,7 @@ from gdngen.tune.tuning_file import (
     TuningError,
     TuningFile,
     dump_tuning,
+    gpu_model,
     load_tuning,
     pair_sha256,
     variants_sha256,
@@ -599,23 +600,27 @@ def test_shortlist_ranks_each_solve_family_against_itself():
     assert shortlist(cells, 1.10, family) == ["staged_a", "step_a", "step_b"]
 
 
-def test_committed_tuning_matches_the_committed_dispatch():
-    """specs/h200.tuning.yaml is valid for specs/h200.yaml, and for every measured cell the
-    committed dispatch picks a variant whose mean gap to the fastest over the cell's timings is
-    within 1% of the least such gap (cells sharing a B*HV are decided together, so one of them
-    may give up a little)."""
+@pytest.mark.parametrize(
+    "file,gpu",
+    [("h200.tuning.yaml", "NVIDIA H200"), ("h200.tuning.h100.yaml", "NVIDIA H100 80GB HBM3")],
+    ids=["h200", "h100"],
+)
+def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
+    """Each GPU model's tuning file is valid for specs/h200.yaml and measures every served pair,
+    and for every measured cell the dispatch table of that model picks a variant whose mean gap
+    to the fastest over the cell's timings is within 1% of the least such gap (cells sharing a
+    B*HV are decided together, so one of them may give up a little)."""
     spec = load_spec(ROOT / "specs" / "h200.yaml")
-    tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec)
+    model = gpu_model(spec, gpu)
+    tuning = load_tuning(ROOT / "specs" / file, spec, gpu=model)
     assert not tuning.stale
-    # fp16 is served from static rules until a tune measures it (docs/design.md)
-    measured = {pair for pair in spec.served if pair[1] != "fp16"}
-    assert {(c.layout, c.state_dtype) for c in tuning.cells} == measured
+    assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
     for cell in tuning.cells:
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
-            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
+            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify", gpu=gpu,
         )  # fmt: skip
-        assert rule.source.startswith("tuned specs/h200.tuning.yaml"), rule
+        assert rule.source.startswith(f"tuned specs/{file}"), rule
         mean = {}
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
