@@ -58,3 +58,12 @@ def test_cli_build_refuses_an_unknown_geometry_before_compiling(tmp_path):
     assert run.returncode == 2
     assert "gdngen build: geometries: qwen9 not in target h200" in run.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_tune_measures_an_hv_on_the_first_geometry_that_has_it():
+    """HV 32 is Qwen3-Next at TP 1 (H=16) and Qwen3.5 at TP 2 (H=8): the tune keeps measuring the
+    full model, as the committed timings did."""
+    spec = load_spec(ROOT / "specs/h200.yaml")
+    assert (spec.tuning_geometry(32).name, spec.tuning_geometry(32).H) == ("qwen3-next", 16)
+    assert (spec.tuning_geometry(64).name, spec.tuning_geometry(64).H) == ("qwen3.5", 16)
+    assert spec.tuning_geometry(16).name == "qwen3-next-tp2"

@@ -431,6 +431,13 @@ class Spec(_Strict):
     tuning: Tuning | None = None
     build: CallForms = CallForms()
 
+    def tuning_geometry(self, HV: int) -> Geometry:
+        """The geometry ``gdngen tune`` measures a cell of ``HV`` value heads on: the first with
+        that HV in the spec's order. Shards of several models can share an HV (Qwen3-Next at TP 1
+        and Qwen3.5 at TP 2 both have 32) with other q/k head counts; listing each model at TP 1
+        before its shards keeps the cells of HV 32 and 64 on the full models."""
+        return next(g for g in self.geometries if g.HV == HV)
+
     def build_geometries(self, names: tuple[str, ...] | None = None) -> list[Geometry]:
         """The geometries ``gdngen build`` compiles: ``names`` (a ValueError names any the spec
         lacks), else the ``build:`` section's, else all."""

@@ -184,7 +184,6 @@ def tune(
         )
     with gpu_turn():
         copy_bw = copy_bandwidth()
-    geometry_by_heads = {g.HV: g for g in spec.geometries}
     cells: list[Cell] = []
     started = time.time()
     families = {name: v.solve for name, v in spec.variants_by_name.items()}
@@ -222,7 +221,7 @@ def tune(
                     else candidates
                 )
                 for HV in grid.heads:
-                    g = geometry_by_heads[HV]
+                    g = spec.tuning_geometry(HV)
                     for B in grid.batch:
                         where = f"{layout} {state_dtype} T={T} {mode:6s} HV={HV:3d} B={B:4d}"
                         key = (layout, state_dtype, T, mode, HV, B)
