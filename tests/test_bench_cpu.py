@@ -142,6 +142,7 @@ def test_picker_refuses_bad_choices(tmp_path, choice, kwargs, message):
         (["--variants", "nope"], "unknown variant(s) nope"),
         (["--variants", "contenders", "--tuning", "missing.yaml"], "missing.yaml does not exist"),
         (["--target", "b900"], "--target 'b900': no generated target generated/b900/"),
+        (["--qk-heads", "8", "--hv", "16,12"], "must be multiples of --qk-heads 8; got [12]"),
     ],
 )
 def test_cli_bench_argument_errors_come_before_any_gpu_work(args, message):

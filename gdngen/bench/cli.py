@@ -23,7 +23,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="h200", help="generated target to run (default h200)")
     parser.add_argument("--tokens", type=_ints, default=[1], help="T values, e.g. 1 or 2,4,8")
     parser.add_argument("--batch", type=_ints, default=[1, 4, 16, 64, 256, 512])
-    parser.add_argument("--hv", type=_ints, default=[32, 64], help="value heads (H=16)")
+    parser.add_argument(
+        "--hv", type=_ints, default=[32, 64], help="value heads, multiples of --qk-heads"
+    )
+    parser.add_argument(
+        "--qk-heads",
+        type=int,
+        default=16,
+        help="q/k heads (default 16, the shipped models at TP 1; 8, 4 and 2 are their TP 2, 4 "
+        "and 8 shards, e.g. --qk-heads 2 --hv 4,6,8; not --h, which other tools read as --help)",
+    )
     parser.add_argument("--layout", type=_words, default=["k_last", "v_last"])
     parser.add_argument("--state-dtype", type=_words, default=["bf16", "fp32"])
     parser.add_argument(
@@ -92,6 +101,14 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    uneven = [hv for hv in args.hv if args.qk_heads < 1 or hv % args.qk_heads]
+    if uneven:
+        print(
+            f"gdngen bench: --hv: value heads must be multiples of --qk-heads {args.qk_heads}; "
+            f"got {uneven}",
+            file=sys.stderr,
+        )
+        return 2
     tuning = Path(args.tuning) if args.tuning else running_gpus_tuning_file(target)
     try:
         variants_for = picker(
@@ -138,7 +155,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     print(f"{meta['gpu']}: copy bandwidth {copy_bw / 1e12:.2f} TB/s", file=sys.stderr)
     problems = grid(
         tokens=args.tokens, batches=args.batch, heads=args.hv, layouts=args.layout,
-        state_dtypes=args.state_dtype, modes=args.mode,
+        state_dtypes=args.state_dtype, modes=args.mode, H=args.qk_heads,
     )  # fmt: skip
     jsonl = None
     if args.out:
