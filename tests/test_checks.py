@@ -321,9 +321,9 @@ def test_bad_input(args, change, exc_type, fragments):
 @pytest.mark.parametrize(
     "problem,fragments",
     [
-        (dict(HV=48), ["q/v: geometry H=16, HV=48, K=128, V=128 was not generated for target h200",
+        (dict(HV=80), ["q/v: geometry H=16, HV=80, K=128, V=128 was not generated for target h200",
                        "qwen3-next (H=16, HV=32, K=128, V=128)",
-                       "To serve it, add `- {name: <model>, H: 16, HV: 48, K: 128, V: 128}` under "
+                       "To serve it, add `- {name: <model>, H: 16, HV: 80, K: 128, V: 128}` under "
                        "`geometries:` to specs/h200.yaml and run `gdngen emit specs/h200.yaml`."]),
         (dict(K=64, V=64), ["q/v: geometry H=16, HV=32, K=64, V=64 was not generated for target h200",
                             "`- {name: <model>, H: 16, HV: 32, K: 64, V: 64}`",
@@ -331,7 +331,7 @@ def test_bad_input(args, change, exc_type, fragments):
                             "variants of their own, in a spec of their own"]),
         (dict(tokens=9), ["q: T=9 tokens per call; target h200 was generated for T <= 8"]),
     ],
-    ids=["HV48", "K64", "T9"],
+    ids=["HV80", "K64", "T9"],
 )  # fmt: skip
 def test_call_outside_the_target(problem, fragments):
     raises(ValueError, make_args(pool_size=2, batch=2, **problem), *fragments)

@@ -706,7 +706,7 @@ def gates(rows=2, heads=HV):
 
 NONE_OF = (
     "(from a) matches none of the geometries of target h200 (2*H*K + HV*V: "
-    "qwen3-next: 2*16*128 + 32*128 = 8192, qwen3.5: 2*16*128 + 64*128 = 12288)"
+    "qwen3-next: 2*16*128 + 32*128 = 8192, qwen3-next-tp2: 2*8*128 + 16*128 = 4096, "
 )
 
 # fmt: off
@@ -741,7 +741,7 @@ BAD_VIEWS = [
      ValueError, [f"mixed_qkv: a row width of 8000 with HV=32 {NONE_OF}"]),
     ("mixed_width_of_other_HV", lambda: dict(mixed_qkv=mixed_rows(width=WIDTH2), a=gates(), b=gates()),
      ValueError, [f"mixed_qkv: a row width of 12288 with HV=32 {NONE_OF}"]),
-    ("mixed_HV_unserved", lambda: dict(mixed_qkv=mixed_rows(), a=gates(heads=16), b=gates(heads=16)),
+    ("mixed_width_of_HV32_with_HV16", lambda: dict(mixed_qkv=mixed_rows(), a=gates(heads=16), b=gates(heads=16)),
      ValueError, [f"mixed_qkv: a row width of 8192 with HV=16 {NONE_OF}"]),
     ("mixed_rows_not_contiguous", lambda: dict(mixed_qkv=torch.zeros(WIDTH, 2, dtype=BF16).t(), a=gates(), b=gates()),
      ValueError, ["mixed_qkv: its rows must be contiguous (strides (1, 2)); the rows themselves may have any stride"]),

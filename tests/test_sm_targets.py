@@ -53,10 +53,13 @@ def _base(tmp_path: Path) -> Path:
 def test_sections_the_child_names_replace_the_parents_whole(tmp_path):
     _base(tmp_path)
     geometry = {"name": "only", "H": 8, "HV": 16, "K": 128, "V": 128}
+    # (the parent's build section names its geometries, so replacing them replaces it too)
     child = _write(tmp_path, "child.yaml", {"extends": "base.yaml", "target": "child",
-                                            "sm": "sm_103a", "geometries": [geometry]})  # fmt: skip
+                                            "sm": "sm_103a", "geometries": [geometry],
+                                            "build": {"modes": ["update"]}})  # fmt: skip
     spec = load_spec(child)
     assert [g.name for g in spec.geometries] == ["only"]
+    assert spec.build.geometries is None and spec.build.modes == ("update",)
     assert spec.features == load_spec(tmp_path / "base.yaml").features
 
 
