@@ -104,10 +104,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from gdngen.tune.run import TuneError, merge, retime_record, tune, write
     from gdngen.tune.tuning_file import (
         TuningError,
-        gpu_model,
         read_tuning,
         stale_pairs,
-        tuning_path,
+        tuning_path_for_gpu,
     )
 
     spec_path = Path(args.spec)
@@ -124,7 +123,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return 2
     # The running GPU's own tuning file (tune refuses a GPU model the spec does not list).
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    out = Path(args.out or tuning_path(spec_path, spec, gpu_model(spec, gpu) or spec.tuning.gpu))
+    out = Path(args.out or tuning_path_for_gpu(spec_path, spec, gpu))
     if args.retime and not out.is_file():
         print(
             f"gdngen tune: --retime adds timings to the cells of {out}, which does not exist; "
@@ -184,7 +183,7 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
 
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.run import TuneError, merge_runs, write
-    from gdngen.tune.tuning_file import TuningError, gpu_model, read_tuning, tuning_path
+    from gdngen.tune.tuning_file import TuningError, read_tuning, tuning_path_for_gpu
 
     spec_path = Path(args.spec)
     try:
@@ -196,8 +195,7 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
         print(f"gdngen merge-tuning: {exc}", file=sys.stderr)
         return 2
     # The file of the GPU model the runs measured.
-    model = gpu_model(spec, merged.gpu) or (spec.tuning.gpu if spec.tuning else None)
-    out = Path(args.out) if args.out else tuning_path(spec_path, spec, model)
+    out = Path(args.out) if args.out else tuning_path_for_gpu(spec_path, spec, merged.gpu)
     write(out, merged)
     print(f"wrote {out}: {len(merged.cells)} cells from {len(runs)} files")
     print(f"now run: gdngen emit {spec_path}")

@@ -74,15 +74,13 @@ def running_gpus_tuning_file(target) -> Path:
     import torch
 
     from gdngen.spec import load_spec
-    from gdngen.tune.tuning_file import default_path, gpu_model, tuning_path
+    from gdngen.tune.tuning_file import default_path, tuning_path_for_gpu
 
     spec_path = Path(target.INFO.spec or f"specs/{target.INFO.name}.yaml")
     if not spec_path.is_file():
         return default_path(spec_path)
-    spec = load_spec(spec_path)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    model = gpu_model(spec, gpu) if spec.tuning else None
-    return tuning_path(spec_path, spec, model) if model else default_path(spec_path)
+    return tuning_path_for_gpu(spec_path, load_spec(spec_path), gpu)
 
 
 def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:

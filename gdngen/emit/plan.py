@@ -174,21 +174,38 @@ def plan_target(
     return files
 
 
+def kernel_body(spec: Spec, variant: Variant) -> tuple[Spec, str, str] | None:
+    """Where a variant's kernel body comes from when a spec this one extends has the same knob
+    point: that spec, its path, and the body module's path under the generated root."""
+    donor = spec.kernel_donor(variant)
+    if donor is None:
+        return None
+    body_spec, body_spec_path = donor
+    return (
+        body_spec,
+        body_spec_path,
+        f"{body_spec.target}/kernels/{body_spec.variant_name(variant)}.py",
+    )
+
+
 def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
     """A variant's kernel module: its own body, or, where a spec this one extends has the same
     knob point, a module that names that target's body and compiles it for this SM."""
     context = {"name": view.name, "sm": spec.sm, "spec_path": spec_path, "variant": view}
-    donor = spec.kernel_donor(view.variant)
-    if donor is None:
+    body = kernel_body(spec, view.variant)
+    if body is None:
         return PlannedFile(f"kernels/{view.name}.py", "decode.py.j2", spec_path, context)
-    body_spec = donor[0]
-    body_name = body_spec.variant_name(view.variant)
+    body_spec, _, body_from = body
     return PlannedFile(
         f"kernels/{view.name}.py",
         "kernel_reuse.py.j2",
         spec_path,
-        {**context, "body_target": body_spec.target, "body_name": body_name},
-        body_from=f"{body_spec.target}/kernels/{body_name}.py",
+        {
+            **context,
+            "body_target": body_spec.target,
+            "body_name": body_spec.variant_name(view.variant),
+        },
+        body_from=body_from,
     )
 
 

@@ -15,7 +15,7 @@ from gdngen.terms import pair_key
 
 from gdngen.tune.tuning_file import Measured
 
-from .plan import plan_target, unmeasured_pairs
+from .plan import kernel_body, measured_pairs, plan_target, unmeasured_pairs
 from .render import render
 
 MANIFEST = "MANIFEST.txt"
@@ -63,7 +63,7 @@ def expected_files(
             lines.append(f"# Dispatch on {gpu}: no tuning file, so the default table above")
             continue
         gpu_unmeasured = unmeasured_pairs(spec, other)
-        gpu_measured = [pair_key(*p) for p in spec.served if pair_key(*p) not in gpu_unmeasured]
+        gpu_measured = [pair_key(*pair) for pair in measured_pairs(spec, other)]
         rest = f"; static rules for {', '.join(gpu_unmeasured)}" if gpu_unmeasured else ""
         lines.append(
             f"# Dispatch on {gpu}: its own table, measured ({other.name}): "
@@ -96,13 +96,9 @@ def missing_bodies(spec: Spec, out_root: Path) -> list[str]:
     saying which file and how to emit it."""
     missing = {}
     for variant in spec.variants:
-        donor = spec.kernel_donor(variant)
-        if donor is None:
-            continue
-        body_spec, body_spec_path = donor
-        body = f"{body_spec.target}/kernels/{body_spec.variant_name(variant)}.py"
-        if not (out_root / body).is_file():
-            missing.setdefault(body_spec_path, []).append(f"{out_root.name}/{body}")
+        found = kernel_body(spec, variant)
+        if found is not None and not (out_root / found[2]).is_file():
+            missing.setdefault(found[1], []).append(f"{out_root.name}/{found[2]}")
     return [
         f"{spec.target} reuses the kernel bodies of {spec_path}, but {len(files)} of them are not "
         f"emitted (first: {files[0]}); run: gdngen emit {spec_path}"

@@ -28,15 +28,11 @@ def target_keys(spec, target: ModuleType, geometries=None) -> list[CompileKey]:
     """The compile keys of ``spec``'s build forms over every table of its generated target's
     dispatch (the default one and each GPU model's): one artifact directory serves each GPU.
     ``geometries`` (names) overrides the spec's build geometries."""
-    tables = [target.dispatch.TABLE, *target.dispatch.TABLES.values()]
-    keys = {}
-    for table in tables:
-        for key in compile_keys(
-            table, arch=spec.sm, geometries=spec.build_geometries(geometries), pairs=spec.served,
-            max_tokens=spec.features.max_tokens, forms=spec_forms(spec.build),
-        ):  # fmt: skip
-            keys[key] = None
-    return list(keys)
+    return compile_keys(
+        [target.dispatch.TABLE, *target.dispatch.TABLES.values()], arch=spec.sm,
+        geometries=spec.build_geometries(geometries), pairs=spec.served,
+        max_tokens=spec.features.max_tokens, forms=spec_forms(spec.build),
+    )  # fmt: skip
 
 
 def _build_one(module_name: str, key: CompileKey, out: str) -> str:

@@ -84,7 +84,7 @@ def key_mode(key: CompileKey) -> str:
 
 
 def compile_keys(
-    table: Sequence[Rule],
+    tables: Sequence[Sequence[Rule]],
     *,
     arch: str,
     geometries: Iterable,
@@ -92,22 +92,24 @@ def compile_keys(
     max_tokens: int,
     forms: Iterable[Form],
 ) -> list[CompileKey]:
-    """Every key a call of these forms can compile to, without repeats, in a fixed order."""
+    """Every key a call of these forms can compile to under any of these dispatch tables (a
+    target's default table and its GPU models' tables), without repeats, in a fixed order."""
     keys: dict[CompileKey, None] = {}
-    forms = list(forms)
-    for geometry in geometries:
-        for layout, state_dtype in pairs:
-            for tokens in range(1, max_tokens + 1):
-                for form in forms:
-                    if form.stores_token_states and tokens == 1:
-                        continue
-                    if form.mode in ("spec", "verify_rows") and form.index_dtype is None:
-                        continue  # these name slots or rows: no dense-state form
-                    intermediate = form.stores_token_states
-                    for variant in reachable_variants(
-                        table, layout, state_dtype, tokens, intermediate
-                    ):
-                        keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
+    forms, geometries, pairs = list(forms), list(geometries), list(pairs)
+    for table in tables:
+        for geometry in geometries:
+            for layout, state_dtype in pairs:
+                for tokens in range(1, max_tokens + 1):
+                    for form in forms:
+                        if form.stores_token_states and tokens == 1:
+                            continue
+                        if form.mode in ("spec", "verify_rows") and form.index_dtype is None:
+                            continue  # these name slots or rows: no dense-state form
+                        intermediate = form.stores_token_states
+                        for variant in reachable_variants(
+                            table, layout, state_dtype, tokens, intermediate
+                        ):
+                            keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
     return list(keys)
 
 

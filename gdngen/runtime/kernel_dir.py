@@ -93,6 +93,7 @@ def module_content_sha256(module_name: str) -> str:
 
 
 def file_content_sha256(path: Path) -> str:
+    """:func:`module_content_sha256` of a module's file."""
     own = body = None
     with open(path) as handle:
         for _ in range(5):

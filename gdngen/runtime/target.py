@@ -71,14 +71,18 @@ class Target:
         self.table_gpu = table_gpu
         self.variants = variants
         self.kernels_package = kernels_package
-        every_rule = [rule for t in (table, *self.tables.values()) for rule in t]
-        unknown = sorted({rule.use for rule in every_rule} - set(variants))
+        unknown = sorted({rule.use for t in self.every_table for rule in t} - set(variants))
         if unknown:
             raise ImportError(f"target {info.name}: dispatch rules name unknown variants {unknown}")
         self._table_of_device: dict[int, tuple[Rule, ...]] = {}
         self.gdn_decode = DecodeCall(
             "gdn_decode", lambda: info, self._choose, lambda: kernels_package
         )
+
+    @property
+    def every_table(self) -> list[tuple[Rule, ...]]:
+        """The default table, then each GPU model's."""
+        return [self.table, *self.tables.values()]
 
     def table_for(self, gpu: str) -> TableChoice:
         """The dispatch table for a GPU (its name, e.g. ``NVIDIA H100 80GB HBM3``), and why
@@ -128,7 +132,9 @@ class Target:
             table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
         else:
             table = self.table if gpu is None else self.table_for(gpu).table
-        shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate)
+        return self._rule(table, CallShape(layout, state_dtype, tokens, batch_heads, intermediate))
+
+    def _rule(self, table: tuple[Rule, ...], shape: CallShape) -> Rule:
         rule = select(table, shape)
         if rule is None:
             raise LookupError(
@@ -140,12 +146,7 @@ class Target:
         shape = CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads, call.stores_token_states
         )
-        rule = select(self._device_table(call.pool.device), shape)
-        if rule is None:
-            raise LookupError(
-                f"target {self.info.name}: no dispatch rule serves {shape.describe()}"
-            )
-        return rule.use
+        return self._rule(self._device_table(call.pool.device), shape).use
 
     def variant(self, name: str) -> DecodeCall:
         """One variant's call, with no dispatch (for tests, benchmarks and pinning)."""
@@ -219,17 +220,11 @@ class Target:
         if torch.cuda.is_available():
             tables = [self._device_table(torch.device("cuda", torch.cuda.current_device()))]
         else:
-            tables = [self.table, *self.tables.values()]
-        keys = list(
-            dict.fromkeys(
-                key
-                for table in tables
-                for key in compile_keys(
-                    table, arch=info.sm, geometries=geometries, pairs=[(layout, state_dtype)],
-                    max_tokens=max_tokens, forms=forms,
-                )  # fmt: skip
-            )
-        )
+            tables = self.every_table
+        keys = compile_keys(
+            tables, arch=info.sm, geometries=geometries, pairs=[(layout, state_dtype)],
+            max_tokens=max_tokens, forms=forms,
+        )  # fmt: skip
         summary = WarmupSummary()
         started = time.perf_counter()
         for index, key in enumerate(keys):

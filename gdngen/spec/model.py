@@ -430,6 +430,9 @@ class Spec(_Strict):
     dispatch: Annotated[list[Rule], Field(min_length=1)]
     tuning: Tuning | None = None
     build: CallForms = CallForms()
+    #: the specs this one extends, nearest first, with the paths they were read from (set by
+    #: gdngen.spec.load; not part of the spec's meaning or hash)
+    _ancestors: tuple[tuple["Spec", str], ...] = PrivateAttr(default=())
 
     def tuning_geometry(self, HV: int) -> Geometry:
         """The geometry ``gdngen tune`` measures a cell of ``HV`` value heads on: the first with
@@ -452,9 +455,6 @@ class Spec(_Strict):
                 f"(it has {', '.join(known)})"
             )
         return [known[n] for n in names]
-    #: the specs this one extends, nearest first, with the paths they were read from (set by
-    #: gdngen.spec.load; not part of the spec's meaning or hash)
-    _ancestors: tuple[tuple["Spec", str], ...] = PrivateAttr(default=())
 
     @property
     def ancestors(self) -> tuple[tuple["Spec", str], ...]:

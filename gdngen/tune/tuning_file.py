@@ -136,6 +136,13 @@ def tuning_path(spec_path: Path, spec: Spec, gpu: str) -> Path:
     return spec_path.with_name(f"{spec_path.stem}.tuning.{slug}.yaml")
 
 
+def tuning_path_for_gpu(spec_path: Path, spec: Spec, device_name: str) -> Path:
+    """The tuning file of the spec's model that a GPU is (by its name); the default file for a
+    GPU the spec does not list, or without a GPU (``device_name`` empty)."""
+    model = gpu_model(spec, device_name)
+    return tuning_path(spec_path, spec, model) if model else default_path(spec_path)
+
+
 def gpu_model(spec: Spec, device_name: str) -> str | None:
     """Which of the spec's GPU models a device is (its name contains the model's, any case)."""
     for model in tuning_gpus(spec):
