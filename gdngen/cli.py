@@ -136,6 +136,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return 2
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+    heads = tuple(int(h) for h in args.heads.split(",")) if args.heads else None
+    unknown = [h for h in heads or () if h not in spec.tuning.heads]
+    if unknown:
+        print(
+            f"gdngen tune: --heads {unknown} are not in tuning.heads of {spec_path} "
+            f"({list(spec.tuning.heads)}); add them there first",
+            file=sys.stderr,
+        )
+        return 2
     old = None
     if (args.merge or args.retime) and out.exists():
         # Not load_tuning: a file with some stale pairs still has fresh ones to keep; merge drops
@@ -161,8 +170,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         for T in sorted(tokens or spec.tuning.tokens):
             try:
                 measured = tune(
-                    spec, sys.argv[1:], pairs=[pair], tokens=(T,), replays=args.replays,
-                    earlier=old, retime=args.retime, gpu_turn=gpu_turn,
+                    spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=heads,
+                    replays=args.replays, earlier=old, retime=args.retime, gpu_turn=gpu_turn,
                 )  # fmt: skip
                 old = merge(old, measured, spec, retimed_by=retimed_by)
             except TuneError as exc:
@@ -312,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pairs", help="only these layout/dtype pairs, e.g. k_last/bf16,v_last/fp32"
     )
     p_tune.add_argument("--tokens", help="only these T values (default: the spec's tuning.tokens)")
+    p_tune.add_argument(
+        "--heads", help="only these HV values of tuning.heads, e.g. 4,6,8 (default: all of them)"
+    )
     p_tune.add_argument(
         "--merge", action="store_true", help="keep cells of the existing file not re-measured"
     )

@@ -25,10 +25,22 @@ from gdngen.bench.run import Result
 from gdngen.measure.environment import source_commit
 from gdngen.problem import Problem
 from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning, read_tuning
+from gdngen.spec import load_spec
 from tests.spec_helpers import ROOT
 
-KL_BF16 = [name for name in h200.VARIANTS if name.startswith("kl_bf16_")]
-KL_FP32 = [name for name in h200.VARIANTS if name.startswith("kl_fp32_")]
+SPEC_VARIANTS = load_spec(ROOT / "specs" / "h200.yaml").variants_by_name
+
+
+def _variants(prefix: str, K: int) -> list[str]:
+    return [
+        name
+        for name in h200.VARIANTS
+        if name.startswith(prefix) and SPEC_VARIANTS[name].head_k_dim == K
+    ]
+
+
+KL_BF16 = _variants("kl_bf16_", 128)
+KL_FP32 = _variants("kl_fp32_", 128)
 
 
 def _problem(**changes) -> Problem:
@@ -59,10 +71,22 @@ def test_problem_mode_names_the_two_served_modes_and_the_others():
     assert _problem(disable_state_update=True).mode == "no-write"
 
 
-def test_pair_variants_are_those_of_the_layout_and_dtype():
-    assert pair_variants(h200, "k_last", "bf16") == KL_BF16
-    assert pair_variants(h200, "k_last", "fp32") == KL_FP32
+def test_pair_variants_are_those_of_the_layout_dtype_and_head_dims():
+    assert pair_variants(h200, "k_last", "bf16", (128, 128)) == KL_BF16
+    assert pair_variants(h200, "k_last", "fp32", (128, 128)) == KL_FP32
     assert len(KL_BF16) > 1 and len(KL_FP32) > 1
+    for K in (64, 256):
+        assert pair_variants(h200, "k_last", "bf16", (K, K)) == _variants("kl_bf16_", K) != []
+    # V must be a multiple of the kernel's tile: none of the K=64 kernels tiles V=64 by 128
+    assert all(
+        SPEC_VARIANTS[n].tile_v <= 64 for n in pair_variants(h200, "v_last", "bf16", (64, 64))
+    )
+
+
+def test_contenders_of_a_problem_at_other_head_dims_are_its_own_kernels(tmp_path):
+    path = _tuning_file(tmp_path, {KL_BF16[0]: 10.0, KL_BF16[1]: 10.5}, HV=32)
+    names, why = picker("contenders", h200, tuning_path=path)(_problem(HV=32, K=64, V=64))
+    assert names == _variants("kl_bf16_", 64) and "head dims" in why
 
 
 def test_candidates_follow_the_problem_pair():

@@ -325,13 +325,17 @@ def test_bad_input(args, change, exc_type, fragments):
                        "qwen3-next (H=16, HV=32, K=128, V=128)",
                        "To serve it, add `- {name: <model>, H: 16, HV: 80, K: 128, V: 128}` under "
                        "`geometries:` to specs/h200.yaml and run `gdngen emit specs/h200.yaml`."]),
-        (dict(K=64, V=64), ["q/v: geometry H=16, HV=32, K=64, V=64 was not generated for target h200",
-                            "`- {name: <model>, H: 16, HV: 32, K: 64, V: 64}`",
-                            "Its kernels are built for K=128, V=128: head dims K=64, V=64 also need "
-                            "variants of their own, in a spec of their own"]),
+        (dict(K=64, V=128), ["q/v: geometry H=16, HV=32, K=64, V=128 was not generated for target h200",
+                             "`- {name: <model>, H: 16, HV: 32, K: 64, V: 128}`",
+                             "Its kernels are built for K=64, V=64, K=128, V=128, K=256, V=256: head "
+                             "dims K=64, V=128 also need, for each layout and state dtype, a variant "
+                             "built for them", "dispatch rules with `head_dims: [64, 128]`"]),
+        # a served head dims at an HV no geometry of it has: only the geometry line is missing
+        (dict(H=8, HV=16, K=64, V=64), ["q/v: geometry H=8, HV=16, K=64, V=64 was not generated",
+                                        "head-dim-64 (H=16, HV=32, K=64, V=64)"]),
         (dict(tokens=9), ["q: T=9 tokens per call; target h200 was generated for T <= 8"]),
     ],
-    ids=["HV80", "K64", "T9"],
+    ids=["HV80", "K64V128", "K64_HV16", "T9"],
 )  # fmt: skip
 def test_call_outside_the_target(problem, fragments):
     raises(ValueError, make_args(pool_size=2, batch=2, **problem), *fragments)

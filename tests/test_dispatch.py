@@ -3,11 +3,14 @@
 import pytest
 
 import generated.h200 as h200
-from gdngen.dispatch import CallShape, Range, Rule, coverage_gap, select
+from gdngen.dispatch import CallShape, Range, Rule, coverage_gap, reached, select
 from gdngen.spec import load_spec
 from tests.spec_helpers import SPEC_PATH
 
 TABLE = h200.dispatch.TABLE
+SPEC = load_spec(SPEC_PATH)
+HEAD_DIMS = sorted({(g.K, g.V) for g in h200.INFO.geometries})
+K128 = (128, 128)
 BATCH_HEADS = [1, 2, 31, 32, 64, 255, 256, 257, 512, 1023, 1024, 1025, 2048, 4096, 32768, 10**7]
 PREFIX = {"k_last": "kl", "v_last": "vl"}
 
@@ -16,35 +19,50 @@ PREFIX = {"k_last": "kl", "v_last": "vl"}
     "layout,state_dtype", h200.INFO.served, ids=["/".join(p) for p in h200.INFO.served]
 )
 @pytest.mark.parametrize("intermediate", [False, True], ids=["decode", "verify"])
-def test_every_served_call_has_a_rule(layout, state_dtype, intermediate):
+@pytest.mark.parametrize("head_dims", HEAD_DIMS, ids=lambda d: f"K{d[0]}V{d[1]}")
+def test_every_served_call_has_a_rule_and_a_kernel_of_its_head_dims(
+    layout, state_dtype, intermediate, head_dims
+):
     for tokens in range(1, h200.INFO.max_tokens + 1):
         for batch_heads in BATCH_HEADS:
             rule = h200.select(
                 layout=layout, state_dtype=state_dtype, tokens=tokens,
-                batch_heads=batch_heads, intermediate=intermediate,
+                batch_heads=batch_heads, intermediate=intermediate, head_dims=head_dims,
             )  # fmt: skip
             assert (rule.layout, rule.state_dtype) == (layout, state_dtype)
             assert rule.use in h200.VARIANTS
             assert rule.use.startswith(f"{PREFIX[layout]}_{state_dtype}_")
             assert rule.batch_heads.contains(batch_heads) and rule.tokens.contains(tokens)
             assert rule.intermediate in ("any", "yes" if intermediate else "no")
+            assert rule.head_dims in (None, head_dims)
+            assert SPEC.variants_by_name[rule.use].serves_head_dims(*head_dims), rule.use
             assert rule.source  # every emitted rule cites a spec rule or a measurement
+
+
+def test_the_target_serves_head_dims_64_128_and_256():
+    assert HEAD_DIMS == [(64, 64), (128, 128), (256, 256)]
+    # the measured rules are for the head dims they were measured at, the static ones say theirs
+    assert all(rule.head_dims is not None for rule in TABLE)
+    assert {rule.head_dims for rule in TABLE if rule.source.startswith("tuned")} == {K128}
 
 
 def test_rules_name_known_variants_and_cover_the_target():
     assert {rule.use for rule in TABLE} <= set(h200.VARIANTS)
     assert {(rule.layout, rule.state_dtype) for rule in TABLE} == set(h200.INFO.served)
     assert load_spec(SPEC_PATH).served == h200.INFO.served
-    assert coverage_gap(TABLE, h200.INFO.served, h200.INFO.max_tokens) is None
+    assert coverage_gap(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens) is None
+    # and no rule is dead weight: each is the first match of some call
+    assert reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens) == list(TABLE)
 
 
 def test_target_select_is_the_table_select():
-    for batch_heads in BATCH_HEADS:
-        shape = CallShape("k_last", "bf16", 2, batch_heads, True)
-        assert h200.select(
-            layout="k_last", state_dtype="bf16", tokens=2, batch_heads=batch_heads,
-            intermediate=True,
-        ) is select(TABLE, shape)  # fmt: skip
+    for head_dims in HEAD_DIMS:
+        for batch_heads in BATCH_HEADS:
+            shape = CallShape("k_last", "bf16", 2, batch_heads, True, head_dims)
+            assert h200.select(
+                layout="k_last", state_dtype="bf16", tokens=2, batch_heads=batch_heads,
+                intermediate=True, head_dims=head_dims,
+            ) is select(TABLE, shape)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -55,24 +73,29 @@ def test_target_select_is_the_table_select():
         dict(tokens=h200.INFO.max_tokens + 1),
         dict(tokens=0),
         dict(batch_heads=0),
+        dict(head_dims=(64, 128)),
     ],
-    ids=["layout", "dtype", "too_many_tokens", "no_tokens", "no_heads"],
+    ids=["layout", "dtype", "too_many_tokens", "no_tokens", "no_heads", "head_dims"],
 )
 def test_unserved_call_raises_lookup_error(overrides):
-    kwargs = dict(layout="k_last", state_dtype="bf16", tokens=1, batch_heads=64, intermediate=False)
+    kwargs = dict(
+        layout="k_last", state_dtype="bf16", tokens=1, batch_heads=64, intermediate=False,
+        head_dims=K128,
+    )  # fmt: skip
     kwargs.update(overrides)
     with pytest.raises(LookupError) as caught:
         h200.select(**kwargs)
     message = str(caught.value)
     assert message.startswith("target h200: no dispatch rule serves")
     for name, value in overrides.items():
-        assert f"{name}={value}" in message
+        shown = f"K{value[0]}xV{value[1]}" if name == "head_dims" else value
+        assert f"{name}={shown}" in message
 
 
-def _rule(use, tokens=(1, None), batch_heads=(1, None), intermediate="any"):
+def _rule(use, tokens=(1, None), batch_heads=(1, None), intermediate="any", head_dims=None):
     return Rule(
         layout="k_last", state_dtype="bf16", tokens=tokens, batch_heads=batch_heads,
-        intermediate=intermediate, use=use,
+        intermediate=intermediate, head_dims=head_dims, use=use,
     )  # fmt: skip
 
 
@@ -85,44 +108,52 @@ def test_first_matching_rule_wins():
     )
 
     def pick(tokens, batch_heads, intermediate):
-        return select(table, CallShape("k_last", "bf16", tokens, batch_heads, intermediate)).use
+        return select(
+            table, CallShape("k_last", "bf16", tokens, batch_heads, intermediate, K128)
+        ).use
 
     assert pick(1, 50, True) == "verify_small"
     assert pick(1, 50, False) == "t1_only"
     assert pick(2, 100, False) == "small"
     assert pick(2, 101, False) == "catch_all"
     assert pick(3, 101, True) == "catch_all"
-    assert select(table[:1], CallShape("k_last", "bf16", 1, 50, False)) is None
+    assert select(table[:1], CallShape("k_last", "bf16", 1, 50, False, K128)) is None
+
+
+def test_a_rule_with_head_dims_serves_only_calls_of_those():
+    table = (_rule("k64", head_dims=(64, 64)), _rule("any_k"))
+
+    def pick(head_dims):
+        return select(table, CallShape("k_last", "bf16", 1, 8, False, head_dims)).use
+
+    assert pick((64, 64)) == "k64"
+    assert pick((128, 128)) == pick((64, 128)) == pick((256, 256)) == "any_k"
+    assert reached(table, [("k_last", "bf16")], [K128], 2) == [table[1]]  # k64 is dead here
+    assert reached(table, [("k_last", "bf16")], [(64, 64), K128], 2) == list(table)
 
 
 def test_coverage_gap_names_the_first_unserved_shape():
     pairs = [("k_last", "bf16")]
     covered = [_rule("small", batch_heads=(1, 100)), _rule("large", batch_heads=(101, None))]
-    assert coverage_gap(covered, pairs, 4) is None
+    assert coverage_gap(covered, pairs, [K128], 4) is None
     # a hole between two ranges
-    gap = coverage_gap([_rule("small", batch_heads=(1, 100)), _rule("large", (1, None), (102, None))], pairs, 4)
-    assert gap == CallShape("k_last", "bf16", 1, 101, False)
-    # only T = 1..2 covered
-    gap = coverage_gap([_rule("t12", tokens=(1, 2))], pairs, 4)
-    assert gap == CallShape("k_last", "bf16", 3, 1, False)
-    # verify calls not covered
-    gap = coverage_gap([_rule("decode", intermediate="no")], pairs, 2)
-    assert gap == CallShape("k_last", "bf16", 1, 1, True)
-    assert gap.describe() == (
-        "layout=k_last state_dtype=bf16 tokens=1 batch_heads=1 intermediate=yes"
+    gap = coverage_gap(
+        [_rule("small", batch_heads=(1, 100)), _rule("large", (1, None), (102, None))],
+        pairs,
+        [K128],
+        4,
     )
-
-
-@pytest.mark.parametrize(
-    "text,expected",
-    [(3, (3, 3)), ([2, 8], (2, 8)), ([257, None], (257, None)), ({"lo": 2, "hi": 8}, (2, 8))],
-)
-def test_range_shorthands(text, expected):
-    parsed = Range.model_validate(text)
-    assert (parsed.lo, parsed.hi) == expected
-
-
-@pytest.mark.parametrize("text", [[8, 2], [1, 2, 3], [0, 4]])
-def test_bad_ranges_are_refused(text):
-    with pytest.raises(ValueError):
-        Range.model_validate(text)
+    assert gap == CallShape("k_last", "bf16", 1, 101, False, K128)
+    # only T = 1..2 covered
+    gap = coverage_gap([_rule("t12", tokens=(1, 2))], pairs, [K128], 4)
+    assert gap == CallShape("k_last", "bf16", 3, 1, False, K128)
+    # verify calls not covered
+    gap = coverage_gap([_rule("decode", intermediate="no")], pairs, [K128], 2)
+    assert gap == CallShape("k_last", "bf16", 1, 1, True, K128)
+    assert gap.describe() == (
+        "layout=k_last state_dtype=bf16 tokens=1 batch_heads=1 intermediate=yes "
+        "head_dims=K128xV128"
+    )
+    # rules for K = V = 128 only leave the other head dims of the target uncovered
+    gap = coverage_gap([_rule("k128", head_dims=K128)], pairs, [K128, (256, 256)], 2)
+    assert gap == CallShape("k_last", "bf16", 1, 1, False, (256, 256))

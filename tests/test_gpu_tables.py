@@ -71,7 +71,7 @@ def test_emit_writes_a_table_per_measured_gpu_model(two_gpu_project):
     namespace: dict = {}
     exec((project / "generated/mini/dispatch.py").read_text(), namespace)
     assert namespace["TABLE_GPU"] == "H200" and list(namespace["TABLES"]) == ["H100"]
-    big = CallShape("k_last", "bf16", 4, 8192, True)
+    big = CallShape("k_last", "bf16", 4, 8192, True, (128, 128))
     on_h200, on_h100 = select(namespace["TABLE"], big), select(namespace["TABLES"]["H100"], big)
     assert on_h200.use == SMALL_V and on_h200.source.startswith("tuned specs/mini.tuning.yaml")
     assert on_h100.use == LARGE_V and on_h100.source.startswith("tuned specs/mini.tuning.h100.yaml")
@@ -123,7 +123,7 @@ def test_the_device_name_picks_the_table_and_says_which():
     assert "has no table measured on this GPU model (it has H200, H100)" in other.reason
     assert "add the model to tuning.other_gpus in specs/h200.yaml" in other.reason
     shape = dict(layout="k_last", state_dtype="bf16", tokens=1, batch_heads=4096,
-                 intermediate=False)  # fmt: skip
+                 intermediate=False, head_dims=(128, 128))  # fmt: skip
     assert target.select(**shape, gpu=H100_NAME).use == LARGE_H
     assert target.select(**shape, gpu="NVIDIA H200").use == SMALL_H
 

@@ -51,14 +51,16 @@ def _base(tmp_path: Path) -> Path:
 
 
 def test_sections_the_child_names_replace_the_parents_whole(tmp_path):
-    _base(tmp_path)
+    base = load_spec(_base(tmp_path))
     geometry = {"name": "only", "H": 8, "HV": 16, "K": 128, "V": 128}
+    # (every variant must serve some geometry, so the child keeps one of each other head dims)
+    others = [g.model_dump() for g in base.geometries if (g.K, g.V) != (128, 128)]
     # (the parent's build section names its geometries, so replacing them replaces it too)
     child = _write(tmp_path, "child.yaml", {"extends": "base.yaml", "target": "child",
-                                            "sm": "sm_103a", "geometries": [geometry],
+                                            "sm": "sm_103a", "geometries": [geometry, *others],
                                             "build": {"modes": ["update"]}})  # fmt: skip
     spec = load_spec(child)
-    assert [g.name for g in spec.geometries] == ["only"]
+    assert [g.name for g in spec.geometries] == ["only", "head-dim-64", "head-dim-256"]
     assert spec.build.geometries is None and spec.build.modes == ("update",)
     assert spec.features == load_spec(tmp_path / "base.yaml").features
 

@@ -43,7 +43,9 @@ def test_h200_spec_loads():
         ("v_last", "fp16"),
         ("v_last", "fp32"),
     )
-    assert coverage_gap(spec.dispatch, spec.served, spec.features.max_tokens) is None
+    assert (
+        coverage_gap(spec.dispatch, spec.served, spec.head_dims, spec.features.max_tokens) is None
+    )
     names = [spec.variant_name(v) for v in spec.variants]
     assert len(set(names)) == len(names)
     assert all(name.endswith("_sm90") for name in names)
@@ -315,17 +317,92 @@ def test_every_problem_is_listed():
 
 
 def test_k_64_variant_is_a_valid_knob_point():
-    variant = Variant(layout="k_last", state_dtype="bf16", tile_v=64, ilp=4, vec=8, threads_per_group=8)
+    variant = Variant(
+        layout="k_last", state_dtype="bf16", tile_v=64, ilp=4, vec=8, threads_per_group=8
+    )
     assert variant.head_k_dim == 64
     assert variant.name_for("sm_90a") == "kl_bf16_tv64_ilp4_vec8_tpg8_sm90"
 
 
 def test_geometry_with_other_head_dim_than_dispatched_variants_is_rejected():
-    """Dispatch rules do not condition on K, so one spec serves one K."""
+    """A geometry of K=64 whose calls the rules (which name no head dims) route to K=128 kernels."""
     data = snapshot_dict()
     data["geometries"].append({"name": "small", "H": 8, "HV": 16, "K": 64, "V": 64})
     message = spec_error(data)
-    assert_names(message, "dispatch[0].use", "geometry small", "K=64")
+    assert_names(message, "dispatch[0].use", "geometry small (K=64, V=64)", "head_dims: [64, 64]")
+
+
+def _with_head_dim_64(data: dict) -> dict:
+    """The snapshot plus a K=V=64 geometry, a K=64 kernel of each pair and rules naming them."""
+    data["geometries"].append({"name": "small", "H": 8, "HV": 16, "K": 64, "V": 64})
+    rules = []
+    for layout, dtype, knobs in (
+        ("k_last", "bf16", dict(tile_v=16, ilp=2, vec=8, threads_per_group=8)),
+        ("k_last", "fp32", dict(tile_v=16, ilp=2, vec=4, threads_per_group=16)),
+        ("v_last", "bf16", dict(tile_v=64, ilp=8, vec=8, threads_per_group=8)),
+        ("v_last", "fp32", dict(tile_v=32, ilp=4, vec=8, threads_per_group=8)),
+    ):
+        data["variants"].append({"layout": layout, "state_dtype": dtype, **knobs})
+        name = Variant(layout=layout, state_dtype=dtype, **knobs).name_for("sm_90a")
+        rules.append({"layout": layout, "state_dtype": dtype, "head_dims": [64, 64],
+                      "tokens": [1, 8], "batch_heads": [1, None], "use": name})  # fmt: skip
+    data["dispatch"] = rules + data["dispatch"]
+    return data
+
+
+def test_rules_with_head_dims_let_one_spec_serve_two_head_dims():
+    spec = parse_spec(to_yaml(_with_head_dim_64(snapshot_dict())), FILE)
+    assert spec.head_dims == ((64, 64), (128, 128))
+    assert coverage_gap(spec.dispatch, spec.served, spec.head_dims, 8) is None
+
+
+def test_a_head_dims_rule_after_the_general_rules_is_shadowed_and_rejected():
+    data = _with_head_dim_64(snapshot_dict())
+    data["dispatch"] = data["dispatch"][4:] + data["dispatch"][:4]  # general rules first
+    assert_names(spec_error(data), "dispatch[0].use: kl_bf16_tv8_ilp2_vec8_tpg16_sm90 serves K=128",
+                 "geometry small (K=64, V=64)")  # fmt: skip
+
+
+def test_a_pair_without_rules_for_some_head_dims_leaves_a_gap():
+    data = _with_head_dim_64(snapshot_dict())
+    for rule in data["dispatch"][4:]:
+        rule["head_dims"] = [128, 128]  # the general rules now serve K=128 only
+    del data["dispatch"][3]  # and v_last/fp32 has no K=64 rule left
+    assert_names(spec_error(data), "dispatch: no rule serves layout=v_last state_dtype=fp32",
+                 "head_dims=K64xV64", "at the head dims of every geometry")  # fmt: skip
+
+
+def test_a_rule_for_head_dims_no_geometry_has_is_rejected():
+    data = snapshot_dict()
+    data["dispatch"][0]["head_dims"] = [256, 256]
+    assert_names(spec_error(data), "dispatch[0].head_dims: [256, 256] is not the (K, V) of any "
+                 "geometry ([128, 128])")  # fmt: skip
+
+
+def test_the_tuning_grid_measures_one_head_dims():
+    data = _with_head_dim_64(snapshot_dict())
+    data["tuning"] = {"gpu": "H200", "heads": [16, 32]}  # HV=16 is only the K=64 geometry
+    assert_names(spec_error(data), "tuning.heads: their geometries have head dims [(64, 64), "
+                 "(128, 128)]")  # fmt: skip
+    data["tuning"]["heads"] = [32, 64]
+    assert parse_spec(to_yaml(data), FILE).tuning_head_dims == (128, 128)
+
+
+def test_a_variant_for_other_head_dims_leaves_the_timings_valid():
+    """The timings of a pair were taken among the variants built for the measured head dims:
+    a kernel for K=64 added to the pair was not a candidate, so the pair's hash stays."""
+    from gdngen.tune.tuning_file import pair_sha256
+
+    data = snapshot_dict()
+    data["tuning"] = {"gpu": "H200"}
+    before = parse_spec(to_yaml(data), FILE)
+    after = parse_spec(to_yaml(_with_head_dim_64(data)), FILE)
+    for pair in before.served:
+        assert pair_sha256(after, *pair) == pair_sha256(before, *pair)
+    data["variants"].append({"layout": "k_last", "state_dtype": "bf16", "tile_v": 128, "ilp": 4,
+                             "vec": 8, "threads_per_group": 16})  # fmt: skip
+    changed = parse_spec(to_yaml(data), FILE)
+    assert pair_sha256(changed, "k_last", "bf16") != pair_sha256(before, "k_last", "bf16")
 
 
 def test_packed_fma_is_valid_on_sm100a():
@@ -338,10 +415,10 @@ def test_packed_fma_is_valid_on_sm100a():
     assert "kl_bf16_tv64_ilp4_vec8_tpg16_pfma_sm100" in spec.variants_by_name
 
 
-def test_dispatched_variant_must_serve_every_geometry():
-    """A rule routes calls of every geometry of the target to its variant (rules have no K/V
-    condition), so a dispatched variant whose tile_v does not divide some geometry's V can never
-    run that geometry: the spec must be rejected, not fail at the first call on the GPU."""
+def test_dispatched_variant_must_serve_every_geometry_it_is_routed():
+    """A rule without head dims routes calls of every geometry of the target to its variant, so
+    a dispatched variant whose tile_v does not divide some geometry's V can never run that
+    geometry: the spec must be rejected, not fail at the first call on the GPU."""
     data = snapshot_dict()
     data["geometries"].append({"name": "narrow-v", "H": 16, "HV": 32, "K": 128, "V": 64})
     data["variants"].append(

@@ -24,8 +24,9 @@ SHARDS = {
 
 @pytest.mark.parametrize("target", [h200, b300], ids=["h200", "b300"])
 def test_every_model_is_served_at_tp_1_2_4_8(target):
-    assert {(g.name, g.H, g.HV) for g in target.INFO.geometries} == SHARDS
-    assert all((g.K, g.V) == (128, 128) for g in target.INFO.geometries)
+    models = [g for g in target.INFO.geometries if not g.name.startswith("head-dim-")]
+    assert {(g.name, g.H, g.HV) for g in models} == SHARDS
+    assert all((g.K, g.V) == (128, 128) for g in models)
 
 
 def test_the_default_build_compiles_the_build_geometries_and_a_flag_adds_others():

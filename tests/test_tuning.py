@@ -91,7 +91,9 @@ def _tuning(spec, **changes) -> TuningFile:
 
 def _rules(spec, tuning: TuningFile, cite: str = "t.yaml"):
     """The rules emit makes of ``tuning``'s cells for the spec's pairs."""
-    return measured_rules(tuning.cells, spec.served, spec.features.max_tokens, cite)
+    return measured_rules(
+        tuning.cells, spec.served, spec.features.max_tokens, cite, spec.tuning_head_dims
+    )
 
 
 def _span(bounds) -> tuple:
@@ -251,9 +253,9 @@ def test_emit_uses_measured_rules_and_static_rules_for_the_rest(spec, tmp_path):
     namespace: dict = {}
     exec((out / "mini" / "dispatch.py").read_text(), namespace)
     table = namespace["TABLE"]
-    big = select(table, CallShape("k_last", "bf16", 4, 8192, True))
+    big = select(table, CallShape("k_last", "bf16", 4, 8192, True, (128, 128)))
     assert big.use == LARGE_V and big.source.startswith("tuned specs/mini.tuning.yaml T=4 verify")
-    fp32 = select(table, CallShape("k_last", "fp32", 2, 64, False))
+    fp32 = select(table, CallShape("k_last", "fp32", 2, 64, False, (128, 128)))
     assert fp32.source == "spec dispatch[1]"  # fp32 was not measured: the static rule stays
     manifest = (out / "mini" / "MANIFEST.txt").read_text()
     assert "# Dispatch measured (specs/mini.tuning.yaml): k_last/bf16" in manifest
@@ -608,8 +610,9 @@ def test_shortlist_ranks_each_solve_family_against_itself():
 def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     """Each GPU model's tuning file is valid for specs/h200.yaml and measures every served pair,
     and for every measured cell the dispatch table of that model picks a variant whose mean gap
-    to the fastest over the cell's timings is within 1% of the least such gap (cells sharing a
-    B*HV are decided together, so one of them may give up a little)."""
+    to the fastest over the cell's timings is within 3% of the least such gap: the target the
+    dispatch is held to. Cells sharing a B*HV (a TP shard's HV=4, B=16 and a full model's HV=64,
+    B=1) are decided together, so one of them may give up a little."""
     spec = load_spec(ROOT / "specs" / "h200.yaml")
     model = gpu_model(spec, gpu)
     tuning = load_tuning(ROOT / "specs" / file, spec, gpu=model)
@@ -618,14 +621,15 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     for cell in tuning.cells:
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
-            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify", gpu=gpu,
+            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
+            head_dims=spec.tuning_head_dims, gpu=gpu,
         )  # fmt: skip
         assert rule.source.startswith(f"tuned specs/{file}"), rule
         mean = {}
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
-        assert mean[rule.use] <= min(mean.values()) + 0.01, (cell, rule.use)
+        assert mean[rule.use] <= min(mean.values()) + 0.03, (cell, rule.use)
 
 
 def test_settle_times_every_variant_again_in_reverse_and_keeps_the_slower():

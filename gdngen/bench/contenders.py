@@ -25,11 +25,25 @@ class ContenderError(ValueError):
     pass
 
 
-def pair_variants(target: ModuleType, layout: str, state_dtype: str) -> list[str]:
-    """The target's variants for one layout and state dtype, by name."""
+def pair_variants(
+    target: ModuleType, layout: str, state_dtype: str, head_dims: tuple[int, int]
+) -> list[str]:
+    """The target's variants for one layout and state dtype built for head dims (K, V), by name."""
     call = target.variant(target.VARIANTS[0])  # any variant's call loads every kernel module
     modules = [call.module(name) for name in target.VARIANTS]
-    return [m.NAME for m in modules if (m.LAYOUT, m.STATE_DTYPE) == (layout, state_dtype)]
+    K, V = head_dims
+    return [
+        m.NAME
+        for m in modules
+        if (m.LAYOUT, m.STATE_DTYPE) == (layout, state_dtype)
+        and m.HEAD_K_DIM == K
+        and V % m.TILE_V == 0
+    ]
+
+
+def problem_variants(target: ModuleType, problem: Problem) -> list[str]:
+    """:func:`pair_variants` of a problem's layout, state dtype and head dims."""
+    return pair_variants(target, problem.layout, problem.state_dtype, (problem.K, problem.V))
 
 
 def tuned_cell(tuning: TuningFile, problem: Problem) -> Cell | None:
@@ -64,8 +78,8 @@ def picker(
         return lambda problem: (names, "all variants of the target")
     if choice == "candidates":
         return lambda problem: (
-            pair_variants(target, problem.layout, problem.state_dtype),
-            "every variant of the layout and state dtype",
+            problem_variants(target, problem),
+            "every variant of the layout, state dtype and head dims",
         )
     if choice == "contenders":
         if tuning_path is None or not tuning_path.is_file():
@@ -76,16 +90,17 @@ def picker(
         if not 0 <= margin <= 1:
             raise ContenderError(f"--contender-margin must be within [0, 1], got {margin}")
         tuning = read_tuning(tuning_path)
-        known = set(target.VARIANTS)
 
         def contenders(problem: Problem) -> tuple[list[str], str]:
             cell = tuned_cell(tuning, problem)
-            if cell is None:
+            fitting = problem_variants(target, problem)
+            names = [name for name in cell.within(margin) if name in fitting] if cell else []
+            if not names:  # a cell measured at other head dims names none of this problem's
                 return (
-                    pair_variants(target, problem.layout, problem.state_dtype),
-                    "cell not in the tuning file: every variant of the layout and state dtype",
+                    fitting,
+                    "cell not in the tuning file: every variant of the layout, state dtype and "
+                    "head dims",
                 )
-            names = [name for name in cell.within(margin) if name in known]
             return names, f"within {100 * margin:g}% of the best in {tuning_path.name}"
 
         return contenders

@@ -8,15 +8,17 @@ with the same matcher (:func:`coverage_gap`).
 """
 
 from .measured import Verdict, measured_rules, verdicts
-from .rules import CallShape, Range, Rule, coverage_gap, select
+from .rules import CallShape, Range, Rule, boundary_shapes, coverage_gap, reached, select
 
 __all__ = [
     "CallShape",
     "Range",
     "Rule",
     "Verdict",
+    "boundary_shapes",
     "coverage_gap",
     "measured_rules",
+    "reached",
     "select",
     "verdicts",
 ]

@@ -137,10 +137,13 @@ def measured_rules(
     pairs: Iterable[tuple[str, str]],
     max_tokens: int,
     cite: str,
+    head_dims: tuple[int, int],
 ) -> list[Rule]:
     """Rules for the (layout, dtype) ``pairs`` from their measured cells, each citing ``cite``
-    (the tuning file) and the evidence of its points. A pair with verify cells gets separate rules
-    for calls with intermediate states ("yes") and without ("no"); otherwise "any"."""
+    (the tuning file) and the evidence of its points, and each for the ``head_dims`` (K, V) the
+    cells were measured at: a ranking at one K says nothing of another. A pair with verify cells
+    gets separate rules for calls with intermediate states ("yes") and without ("no");
+    otherwise "any"."""
     groups: dict[tuple, list[MeasuredCell]] = defaultdict(list)
     for cell in cells:
         groups[(cell.layout, cell.state_dtype, cell.mode, cell.tokens)].append(cell)
@@ -166,7 +169,8 @@ def measured_rules(
                     rules.append(
                         Rule(
                             layout=layout, state_dtype=state_dtype, tokens=token_range,
-                            batch_heads=batch_heads, intermediate=intermediate, use=variant,
+                            batch_heads=batch_heads, intermediate=intermediate,
+                            head_dims=head_dims, use=variant,
                             source=f"tuned {cite} T={tokens} {mode}: " + "; ".join(evidence),
                         )  # fmt: skip
                     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,11 +57,14 @@ class CallShape:
     batch_heads: int
     #: whether the call caches per-token states (speculative verify)
     intermediate: bool
+    #: the geometry's head dims (K, V)
+    head_dims: tuple[int, int]
 
     def describe(self) -> str:
         return (
             f"layout={self.layout} state_dtype={self.state_dtype} tokens={self.tokens} "
-            f"batch_heads={self.batch_heads} intermediate={'yes' if self.intermediate else 'no'}"
+            f"batch_heads={self.batch_heads} intermediate={'yes' if self.intermediate else 'no'} "
+            f"head_dims=K{self.head_dims[0]}xV{self.head_dims[1]}"
         )
 
 
@@ -77,6 +80,9 @@ class Rule(_Strict):
     tokens: Range
     batch_heads: Range
     intermediate: Intermediate = "any"
+    #: the head dims (K, V) the rule is for; None: any. In YAML ``head_dims: [64, 64]``. Measured
+    #: rules always name the head dims they were measured at
+    head_dims: tuple[int, int] | None = None
     use: str
     source: str = ""
 
@@ -87,6 +93,7 @@ class Rule(_Strict):
             and self.tokens.contains(shape.tokens)
             and self.batch_heads.contains(shape.batch_heads)
             and self.intermediate in ("any", "yes" if shape.intermediate else "no")
+            and self.head_dims in (None, shape.head_dims)
         )
 
 
@@ -98,22 +105,55 @@ def select(rules: Iterable[Rule], shape: CallShape) -> Rule | None:
     return None
 
 
-def coverage_gap(
-    rules: Sequence[Rule], pairs: Iterable[tuple[str, str]], max_tokens: int
-) -> CallShape | None:
-    """The first call shape of a served (layout, dtype) pair that no rule serves, or None when
-    the rules cover every T in 1..max_tokens and every batch*heads, with and without
-    intermediate states. Only the batch*heads where some rule starts or ends need trying."""
+def boundary_shapes(
+    rules: Sequence[Rule],
+    pairs: Iterable[tuple[str, str]],
+    head_dims: Iterable[tuple[int, int]],
+    max_tokens: int,
+) -> Iterator[CallShape]:
+    """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
+    pair and head dims, T in 1..max_tokens, with and without intermediate states, at each
+    batch*heads where some rule starts or ends (between those points the choice cannot change)."""
     starts = sorted(
         {1}
         | {r.batch_heads.lo for r in rules}
         | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
     )
+    dims = list(head_dims)
     for layout, state_dtype in pairs:
-        for tokens in range(1, max_tokens + 1):
-            for intermediate in (False, True):
-                for batch_heads in starts:
-                    shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate)
-                    if select(rules, shape) is None:
-                        return shape
+        for head in dims:
+            for tokens in range(1, max_tokens + 1):
+                for intermediate in (False, True):
+                    for batch_heads in starts:
+                        yield CallShape(
+                            layout, state_dtype, tokens, batch_heads, intermediate, head
+                        )
+
+
+def coverage_gap(
+    rules: Sequence[Rule],
+    pairs: Iterable[tuple[str, str]],
+    head_dims: Iterable[tuple[int, int]],
+    max_tokens: int,
+) -> CallShape | None:
+    """The first call shape of a served (layout, dtype) pair and head dims that no rule serves,
+    or None when the rules cover every T in 1..max_tokens and every batch*heads, with and
+    without intermediate states, at each of ``head_dims``."""
+    for shape in boundary_shapes(rules, pairs, head_dims, max_tokens):
+        if select(rules, shape) is None:
+            return shape
     return None
+
+
+def reached(
+    rules: Sequence[Rule],
+    pairs: Iterable[tuple[str, str]],
+    head_dims: Iterable[tuple[int, int]],
+    max_tokens: int,
+) -> list[Rule]:
+    """The rules that first-match serves some call of ``pairs`` at ``head_dims`` (in table
+    order): the others are shadowed by rules before them and can be left out of a table."""
+    hit = {
+        id(select(rules, shape)) for shape in boundary_shapes(rules, pairs, head_dims, max_tokens)
+    }
+    return [rule for rule in rules if id(rule) in hit]

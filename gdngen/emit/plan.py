@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdngen.device.lanes import butterfly_offsets, reduce_scatter
-from gdngen.dispatch import Rule, coverage_gap, measured_rules
+from gdngen.dispatch import Rule, coverage_gap, measured_rules, reached
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
 from gdngen.terms import pair_key
@@ -233,23 +233,26 @@ def unmeasured_pairs(spec: Spec, measured: Measured | None) -> dict[str, str]:
 
 
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
-    """The dispatch table (first match wins): measured rules for the pairs whose timings hold,
-    then the spec's static rules for the other pairs, each citing where it came from."""
+    """The dispatch table (first match wins): measured rules for the pairs whose timings hold, at
+    the head dims they were measured at, then the spec's static rules that still serve some call
+    (every call of the other pairs, and the measured pairs' calls at other head dims), each citing
+    where it came from."""
     pairs = measured_pairs(spec, measured)
     rules = (
-        measured_rules(measured.cells, pairs, spec.features.max_tokens, measured.name)
+        measured_rules(
+            measured.cells, pairs, spec.features.max_tokens, measured.name, spec.tuning_head_dims
+        )
         if measured
         else []
     )
     rules += [
         rule.model_copy(update={"source": f"spec dispatch[{index}]"})
         for index, rule in enumerate(spec.dispatch)
-        if (rule.layout, rule.state_dtype) not in pairs
     ]
-    gap = coverage_gap(rules, spec.served, spec.features.max_tokens)
+    gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured
         where = measured.name if measured else "the spec's dispatch"
         raise TuningError(
             f"{where}: its dispatch rules leave a gap: no rule serves {gap.describe()}"
         )
-    return rules
+    return reached(rules, spec.served, spec.head_dims, spec.features.max_tokens)

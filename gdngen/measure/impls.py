@@ -71,6 +71,8 @@ class Gdngen(Impl):
             module = self.call.module(self.variant)
             if (module.LAYOUT, module.STATE_DTYPE) != (problem.layout, problem.state_dtype):
                 return "variant is for another layout/dtype"
+            if module.HEAD_K_DIM != problem.K or problem.V % module.TILE_V:
+                return f"variant is for K={module.HEAD_K_DIM} and V divisible by {module.TILE_V}"
         return None
 
     def chosen_variant(self, problem: Problem) -> str:
@@ -82,6 +84,7 @@ class Gdngen(Impl):
             tokens=problem.tokens,
             batch_heads=problem.batch * problem.HV,
             intermediate=problem.cache_steps is not None,
+            head_dims=(problem.K, problem.V),
         ).use
 
     def bind(self, problem: Problem, args: dict) -> Bound:
@@ -121,7 +124,9 @@ class FlashInfer(Impl):
             if problem.cache_steps is not None or problem.disable_state_update:
                 return "FlashInfer's V-last path has no cache or verify mode"
             return None
-        if problem.tokens == 1 and (problem.cache_steps is not None or problem.disable_state_update):
+        if problem.tokens == 1 and (
+            problem.cache_steps is not None or problem.disable_state_update
+        ):
             return "FlashInfer rejects intermediate states or disable_state_update at T=1"
         if problem.cache_steps is not None:
             elements = problem.batch * problem.tokens * problem.HV * problem.V * problem.K

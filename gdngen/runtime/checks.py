@@ -293,9 +293,10 @@ def check_call(
         if (K, V) not in head_dims:
             dims = ", ".join(f"K={k}, V={v}" for k, v in head_dims)
             message += (
-                f" Its kernels are built for {dims}: head dims K={K}, V={V} also need variants "
-                f"of their own, in a spec of their own (a target's dispatch does not tell head "
-                f"dims apart)."
+                f" Its kernels are built for {dims}: head dims K={K}, V={V} also need, for each "
+                f"layout and state dtype, a variant built for them (K = k_splits * "
+                f"threads_per_group * vec, V a multiple of tile_v) and dispatch rules with "
+                f'`head_dims: [{K}, {V}]` (docs/design.md, "Head dims").'
             )
         raise ValueError(message)
     if T > info.max_tokens:

@@ -13,9 +13,15 @@ from .compile import CompileKey
 
 
 def reachable_variants(
-    table: Sequence[Rule], layout: str, state_dtype: str, tokens: int, intermediate: bool
+    table: Sequence[Rule],
+    layout: str,
+    state_dtype: str,
+    tokens: int,
+    intermediate: bool,
+    head_dims: tuple[int, int],
 ) -> list[str]:
-    """Every variant the first-match dispatch picks for some batch*heads, in table order. The
+    """Every variant the first-match dispatch picks for some batch*heads at these head dims
+    (K, V), in table order. The
     choice only changes where a rule's batch*heads range starts or ends, so those points (tried
     with the one selector) find them all."""
     points = sorted(
@@ -25,7 +31,8 @@ def reachable_variants(
     )
     found: dict[str, None] = {}
     for batch_heads in points:
-        rule = select(table, CallShape(layout, state_dtype, tokens, batch_heads, intermediate))
+        shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate, head_dims)
+        rule = select(table, shape)
         if rule is not None:
             found[rule.use] = None
     return list(found)
@@ -107,8 +114,9 @@ def compile_keys(
                             continue  # these name slots or rows: no dense-state form
                         intermediate = form.stores_token_states
                         for variant in reachable_variants(
-                            table, layout, state_dtype, tokens, intermediate
-                        ):
+                            table, layout, state_dtype, tokens, intermediate,
+                            (geometry.K, geometry.V),
+                        ):  # fmt: skip
                             keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
     return list(keys)
 

@@ -124,15 +124,18 @@ class Target:
         tokens: int,
         batch_heads: int,
         intermediate: bool,
+        head_dims: tuple[int, int],
         gpu: str | None = None,
     ) -> Rule:
-        """The dispatch rule that serves a call of this shape on ``gpu`` (a device name; None:
-        the current CUDA device's, or the default table without one); LookupError if none does."""
+        """The dispatch rule that serves a call of this shape (``head_dims``: the geometry's
+        (K, V)) on ``gpu`` (a device name; None: the current CUDA device's, or the default table
+        without one); LookupError if none does."""
         if gpu is None and torch.cuda.is_available():
             table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
         else:
             table = self.table if gpu is None else self.table_for(gpu).table
-        return self._rule(table, CallShape(layout, state_dtype, tokens, batch_heads, intermediate))
+        shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate, tuple(head_dims))
+        return self._rule(table, shape)
 
     def _rule(self, table: tuple[Rule, ...], shape: CallShape) -> Rule:
         rule = select(table, shape)
@@ -144,8 +147,9 @@ class Target:
 
     def _choose(self, call: Call) -> str:
         shape = CallShape(
-            call.layout, call.state_dtype, call.tokens, call.batch_heads, call.stores_token_states
-        )
+            call.layout, call.state_dtype, call.tokens, call.batch_heads,
+            call.stores_token_states, (call.K, call.V),
+        )  # fmt: skip
         return self._rule(self._device_table(call.pool.device), shape).use
 
     def variant(self, name: str) -> DecodeCall:

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
-from gdngen.dispatch import Rule, coverage_gap
+from gdngen.dispatch import Rule, boundary_shapes, coverage_gap, select
 from gdngen.terms import LAYOUT_PREFIX, IndexDtype, Layout, SmTarget, StateDtype, sm_suffix
 
 from .sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
@@ -142,6 +142,10 @@ class Variant(_Strict):
     def head_k_dim(self) -> int:
         """K this variant serves: one row is split over the group's lanes and the K splits."""
         return self.k_splits * self.threads_per_group * self.vec
+
+    def serves_head_dims(self, K: int, V: int) -> bool:
+        """Whether the kernel is built for head dims (K, V): its K, and V a multiple of tile_v."""
+        return self.head_k_dim == K and V % self.tile_v == 0
 
     @property
     def load_elems(self) -> int:
@@ -498,11 +502,7 @@ class Spec(_Strict):
                     f"{variant.min_ctas_per_sm} CTAs of {variant.threads} threads exceed the "
                     f"{sm_threads} threads an SM of {self.sm} holds"
                 )
-            served = [
-                g
-                for g in self.geometries
-                if g.K == variant.head_k_dim and g.V % variant.tile_v == 0
-            ]
+            served = [g for g in self.geometries if variant.serves_head_dims(g.K, g.V)]
             if not served:
                 raise ValueError(
                     f"variants[{index}] ({names[index]}): serves K={variant.head_k_dim} with "
@@ -530,15 +530,11 @@ class Spec(_Strict):
                     f"dispatch[{index}]: rule is for {rule.layout}/{rule.state_dtype} but "
                     f"{rule.use} is a {variant.layout}/{variant.state_dtype} kernel"
                 )
-            # Rules do not condition on the head dims, so a dispatched variant serves every geometry.
-            for geometry in self.geometries:
-                if geometry.K != variant.head_k_dim or geometry.V % variant.tile_v:
-                    raise ValueError(
-                        f"dispatch[{index}].use: {rule.use} serves K={variant.head_k_dim} with V "
-                        f"divisible by {variant.tile_v}, but geometry {geometry.name} has "
-                        f"K={geometry.K}, V={geometry.V}; dispatch does not condition on head "
-                        f"dims, so put geometries with other head dims in a spec of their own"
-                    )
+            if rule.head_dims is not None and rule.head_dims not in self.head_dims:
+                raise ValueError(
+                    f"dispatch[{index}].head_dims: {list(rule.head_dims)} is not the (K, V) of "
+                    f"any geometry ({', '.join(str(list(d)) for d in self.head_dims)})"
+                )
             if rule.tokens.hi is not None and rule.tokens.hi > self.features.max_tokens:
                 raise ValueError(
                     f"dispatch[{index}].tokens: hi={rule.tokens.hi} exceeds "
@@ -556,13 +552,56 @@ class Spec(_Strict):
                 raise ValueError(
                     f"tuning.heads: {unknown} are not the HV of any geometry ({sorted(heads)})"
                 )
-        gap = coverage_gap(self.dispatch, self.served, self.features.max_tokens)
+            measured_dims = {
+                (g.K, g.V) for g in (self.tuning_geometry(hv) for hv in self.tuning.heads)
+            }
+            if len(measured_dims) > 1:
+                raise ValueError(
+                    f"tuning.heads: their geometries have head dims {sorted(measured_dims)}; the "
+                    f"tuning grid measures one (K, V), the first geometry with each HV's"
+                )
+        gap = coverage_gap(self.dispatch, self.served, self.head_dims, self.features.max_tokens)
         if gap is not None:
             raise ValueError(
                 f"dispatch: no rule serves {gap.describe()}; every served layout/dtype needs "
-                f"rules for T=1..{self.features.max_tokens} and all batch*heads"
+                f"rules for T=1..{self.features.max_tokens} and all batch*heads, at the head "
+                f"dims of every geometry"
             )
+        self._check_rules_fit_head_dims()
         return self
+
+    def _check_rules_fit_head_dims(self) -> None:
+        """Every call the static rules can route must land on a variant built for its head dims:
+        K = the variant's k_splits * threads_per_group * vec, and V a multiple of its tile_v."""
+        by_name = self.variants_by_name
+        for shape in boundary_shapes(
+            self.dispatch, self.served, self.head_dims, self.features.max_tokens
+        ):
+            rule = select(self.dispatch, shape)
+            variant = by_name[rule.use]
+            K, V = shape.head_dims
+            if not variant.serves_head_dims(K, V):
+                index = self.dispatch.index(rule)
+                geometry = next(g.name for g in self.geometries if (g.K, g.V) == (K, V))
+                raise ValueError(
+                    f"dispatch[{index}].use: {rule.use} serves K={variant.head_k_dim} with V "
+                    f"divisible by {variant.tile_v}, but it is the first rule for calls of "
+                    f"geometry {geometry} (K={K}, V={V}); give a rule for those head dims first, "
+                    f"with head_dims: [{K}, {V}] and a variant built for them"
+                )
+
+    @property
+    def head_dims(self) -> tuple[tuple[int, int], ...]:
+        """The (K, V) of the spec's geometries, each once, sorted: the dispatch covers each."""
+        return tuple(sorted({(g.K, g.V) for g in self.geometries}))
+
+    @property
+    def tuning_head_dims(self) -> tuple[int, int] | None:
+        """The (K, V) the tuning grid measures (that of its HVs' geometries); None without one."""
+        if self.tuning is None:
+            return None
+        g = self.tuning_geometry(self.tuning.heads[0])
+        return (g.K, g.V)
 
     @property
     def served(self) -> tuple[tuple[str, str], ...]:

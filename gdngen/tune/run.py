@@ -160,14 +160,15 @@ def tune(
     *,
     pairs: list[tuple[str, str]] | None = None,
     tokens: tuple[int, ...] | None = None,
+    heads: tuple[int, ...] | None = None,
     replays: int = 15,
     earlier: TuningFile | None = None,
     retime: bool = False,
     progress: TextIO = sys.stderr,
     gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> TuningFile:
-    """Time the candidates of every cell of the spec's tuning grid (or of ``pairs`` and
-    ``tokens``), as a tuning file of the cells measured.
+    """Time the candidates of every cell of the spec's tuning grid (or of ``pairs``, ``tokens``
+    and ``heads``), as a tuning file of the cells measured.
 
     With ``retime``, only cells already in ``earlier`` are timed, and only their contenders
     (:func:`retime_names`); each comes back as the earlier cell with the new timing added.
@@ -207,6 +208,7 @@ def tune(
             name
             for name, v in spec.variants_by_name.items()
             if (v.layout, v.state_dtype) == (layout, state_dtype)
+            and v.serves_head_dims(*spec.tuning_head_dims)
         )
         first_cells = [
             c for c in earlier_first if (c.layout, c.state_dtype) == (layout, state_dtype)
@@ -220,7 +222,7 @@ def tune(
                     if T > 1 and first_cells
                     else candidates
                 )
-                for HV in grid.heads:
+                for HV in heads or grid.heads:
                     g = spec.tuning_geometry(HV)
                     for B in grid.batch:
                         where = f"{layout} {state_dtype} T={T} {mode:6s} HV={HV:3d} B={B:4d}"

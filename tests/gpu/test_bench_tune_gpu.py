@@ -19,7 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _gdngen(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gdngen", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "gdngen", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -45,11 +49,19 @@ def test_bench_small_grid(tmp_path):
 
 def test_tune_small_grid_feeds_emit(tmp_path):
     data = yaml.safe_load((ROOT / "specs" / "h200.yaml").read_text())
-    data["tuning"] = {"gpu": "NVIDIA", "tokens": [1, 2], "batch": [1, 4], "heads": [32], "modes": ["update", "verify"]}
+    data["tuning"] = {
+        "gpu": "NVIDIA",
+        "tokens": [1, 2],
+        "batch": [1, 4],
+        "heads": [32],
+        "modes": ["update", "verify"],
+    }
     spec_path = tmp_path / "h200.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp_path / "h200.tuning.yaml"
-    run = _gdngen("tune", str(spec_path), "--pairs", "k_last/bf16", "--replays", "3", "--out", str(out))
+    run = _gdngen(
+        "tune", str(spec_path), "--pairs", "k_last/bf16", "--replays", "3", "--out", str(out)
+    )
     assert run.returncode == 0, run.stderr
     spec = parse_spec(spec_path.read_text(), str(spec_path))
     tuning = load_tuning(out, spec)
@@ -57,7 +69,10 @@ def test_tune_small_grid_feeds_emit(tmp_path):
     for cell in tuning.cells:
         assert cell.times_us and all(us > 0 for us in cell.times_us.values())
     assert not tuning.stale
-    rules = measured_rules(tuning.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml")
+    rules = measured_rules(
+        tuning.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml",
+        spec.tuning_head_dims,
+    )  # fmt: skip
     assert {rule.intermediate for rule in rules} == {"no", "yes"}
 
     # --retime: a second process times each cell's contenders again and adds that timing
@@ -82,7 +97,10 @@ def test_tune_small_grid_feeds_emit(tmp_path):
             assert sorted(timing) == sorted(names) and all(us > 0 for us in timing.values())
             retimed += 1
     assert retimed > 0
-    measured_rules(again.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml")
+    measured_rules(
+        again.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml",
+        spec.tuning_head_dims,
+    )  # fmt: skip
 
 
 def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):
@@ -106,7 +124,13 @@ def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):
 
 def test_two_tune_processes_share_the_gpu_by_turns(tmp_path):
     data = yaml.safe_load((ROOT / "specs" / "h200.yaml").read_text())
-    data["tuning"] = {"gpu": "NVIDIA", "tokens": [1], "batch": [1, 4], "heads": [32], "modes": ["update"]}
+    data["tuning"] = {
+        "gpu": "NVIDIA",
+        "tokens": [1],
+        "batch": [1, 4],
+        "heads": [32],
+        "modes": ["update"],
+    }
     spec_path = tmp_path / "h200.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     lock = tmp_path / "gpu.lock"

@@ -57,8 +57,9 @@ def test_no_recompile_for_new_batch_sizes():
     # rewrites): one variant, one compile key, so no new compile.
     HV = 64
     row = h200.select(
-        layout="k_last", state_dtype="bf16", tokens=1, batch_heads=300 * HV, intermediate=False
-    )
+        layout="k_last", state_dtype="bf16", tokens=1, batch_heads=300 * HV, intermediate=False,
+        head_dims=(128, 128),
+    )  # fmt: skip
     lo, hi = row.batch_heads.lo, row.batch_heads.hi
     first, last = -(-lo // HV), (hi // HV if hi is not None else 1024)
     batches = sorted({first, first + 1, (first + last) // 2, last})
@@ -79,7 +80,9 @@ def test_side_stream():
 
 
 def test_cuda_graph_capture_and_replay():
-    problem = Problem(batch=8, tokens=2, HV=64, pool_size=20, padded_rows=(3,), cache_steps=2, seed=21)
+    problem = Problem(
+        batch=8, tokens=2, HV=64, pool_size=20, padded_rows=(3,), cache_steps=2, seed=21
+    )
     args = problem.make("cuda")
     pool = args["initial_state"]
     output = torch.empty(8, 2, 64, 128, dtype=torch.bfloat16, device="cuda")
@@ -156,7 +159,14 @@ def _unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
         (dict(A_log="bf16"), TypeError),
         (dict(check_indices="out_of_range"), ValueError),
     ],
-    ids=["float_indices", "non_contiguous_cache", "cache_steps_lt_T", "output_dtype", "A_log_dtype", "index_past_pool"],
+    ids=[
+        "float_indices",
+        "non_contiguous_cache",
+        "cache_steps_lt_T",
+        "output_dtype",
+        "A_log_dtype",
+        "index_past_pool",
+    ],
 )
 @pytest.mark.parametrize("after_a_good_call", [False, True], ids=["cold", "signature_known"])
 def test_bad_inputs_leave_state_untouched(bad, error, after_a_good_call):
@@ -236,10 +246,37 @@ def test_the_dispatch_follows_this_gpus_model(layout, state_dtype):
             batch=batch, HV=64, layout=layout, state_dtype=state_dtype, pool_size=batch
         )
         chosen = h200.gdn_decode.prepare(**problem.make("cuda"))
-        shape = CallShape(layout, state_dtype, 1, batch * 64, False)
+        shape = CallShape(layout, state_dtype, 1, batch * 64, False, (128, 128))
         assert chosen == select(own, shape).use
         assert chosen == h200.select(layout=layout, state_dtype=state_dtype, tokens=1,
-                                     batch_heads=batch * 64, intermediate=False).use  # fmt: skip
+                                     batch_heads=batch * 64, intermediate=False,
+                                     head_dims=(128, 128)).use  # fmt: skip
+
+
+@pytest.mark.parametrize("pair", h200.INFO.served, ids="/".join)
+@pytest.mark.parametrize(
+    "geometry",
+    [g for g in h200.INFO.geometries if (g.K, g.V) != (128, 128)],
+    ids=lambda g: g.name,
+)
+def test_one_call_serves_head_dims_64_and_256(geometry, pair):
+    """The same gdn_decode serves every head dims of the target, in every layout and state dtype:
+    the dispatch picks a kernel built for the call's K and V (plain decode on a padded pool,
+    multi-token update, verify with a positional cache)."""
+    layout, state_dtype = pair
+    shape = dict(H=geometry.H, HV=geometry.HV, K=geometry.K, V=geometry.V, layout=layout,
+                 state_dtype=state_dtype)  # fmt: skip
+    seed = sum(map(ord, geometry.name + layout + state_dtype))
+    for problem in (
+        Problem(batch=9, pool_size=16, padded_rows=(3,), seed=seed, **shape),
+        Problem(batch=4, tokens=3, pool_size=6, seed=seed + 1, **shape),
+        Problem(batch=3, tokens=4, pool_size=8, cache_steps=4, disable_state_update=True,
+                padded_rows=(1,), seed=seed + 2, **shape),
+    ):  # fmt: skip
+        chosen = h200.gdn_decode.prepare(**problem.make("cuda"))
+        assert f"_{state_dtype}_" in chosen and chosen.startswith(layout[0] + "l_")
+        assert h200.variant(chosen).module(chosen).HEAD_K_DIM == geometry.K
+        run_and_check(h200.gdn_decode, problem)
 
 
 @pytest.mark.parametrize("geometry", h200.INFO.geometries, ids=lambda g: g.name)

@@ -10,17 +10,54 @@ pytestmark = pytest.mark.gpu
 
 
 def _problem(variant: str, **fields) -> Problem:
+    """The case on the variant's layout and dtype; a kernel for other head dims than 128 runs on
+    the target's geometry of its K (the cases' HVs are those of K = V = 128 models)."""
     module = h200.variant(variant).module(variant)
+    if module.HEAD_K_DIM != 128:
+        (geometry,) = [g for g in h200.INFO.geometries if g.K == module.HEAD_K_DIM]
+        fields.update(H=geometry.H, HV=geometry.HV, K=geometry.K, V=geometry.V)
     return Problem(layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, **fields)
 
 
 #: (id, Problem fields); each case is a distinct compile key, seeds differ per case and variant
 CASES = [
     ("t1_pool_padded_b5", dict(batch=5, HV=32, pool_size=16, padded_rows=(1, 4))),
-    ("t1_pool_int64_split_b33", dict(batch=33, HV=64, pool_size=80, index_dtype="int64", separate_write_slots=True, padded_rows=(0,))),
-    ("t3_verify_cache5_b7", dict(batch=7, tokens=3, HV=32, pool_size=9, cache_steps=5, disable_state_update=True, padded_rows=(2,))),
+    (
+        "t1_pool_int64_split_b33",
+        dict(
+            batch=33,
+            HV=64,
+            pool_size=80,
+            index_dtype="int64",
+            separate_write_slots=True,
+            padded_rows=(0,),
+        ),
+    ),
+    (
+        "t3_verify_cache5_b7",
+        dict(
+            batch=7,
+            tokens=3,
+            HV=32,
+            pool_size=9,
+            cache_steps=5,
+            disable_state_update=True,
+            padded_rows=(2,),
+        ),
+    ),
     ("t8_dense_update_b3", dict(batch=3, tokens=8, HV=64)),
-    ("t5_cache_update_int64_b6", dict(batch=6, tokens=5, HV=32, pool_size=20, index_dtype="int64", cache_steps=6, separate_write_slots=True)),
+    (
+        "t5_cache_update_int64_b6",
+        dict(
+            batch=6,
+            tokens=5,
+            HV=32,
+            pool_size=20,
+            index_dtype="int64",
+            cache_steps=6,
+            separate_write_slots=True,
+        ),
+    ),
 ]
 
 
@@ -40,6 +77,8 @@ def test_variant_matches_reference(variant, case):
     ],
     ids=["no_l2norm_scale", "fp16_io_fp32_gates", "t2_cache_and_update"],
 )
-@pytest.mark.parametrize("variant", ["kl_bf16_tv16_ilp4_vec8_tpg16_sm90", "vl_fp32_tv8_ilp4_vec8_tpg16_sm90"])
+@pytest.mark.parametrize(
+    "variant", ["kl_bf16_tv16_ilp4_vec8_tpg16_sm90", "vl_fp32_tv8_ilp4_vec8_tpg16_sm90"]
+)
 def test_options(variant, fields):
     run_and_check(h200.variant(variant), _problem(variant, batch=9, HV=32, seed=11, **fields))
