@@ -121,6 +121,22 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        heads = tuple(int(h) for h in args.heads.split(",")) if args.heads else None
+    except ValueError:
+        print(
+            f"gdngen tune: --heads expects HV values like 4,6,8; got {args.heads!r}",
+            file=sys.stderr,
+        )
+        return 2
+    unknown = [h for h in heads or () if h not in spec.tuning.heads]
+    if unknown:
+        print(
+            f"gdngen tune: --heads {unknown} are not in tuning.heads of {spec_path} "
+            f"({list(spec.tuning.heads)}); add them there first",
+            file=sys.stderr,
+        )
+        return 2
     # The running GPU's own tuning file (tune refuses a GPU model the spec does not list).
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     out = Path(args.out or tuning_path_for_gpu(spec_path, spec, gpu))
@@ -136,15 +152,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return 2
     pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
     tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
-    heads = tuple(int(h) for h in args.heads.split(",")) if args.heads else None
-    unknown = [h for h in heads or () if h not in spec.tuning.heads]
-    if unknown:
-        print(
-            f"gdngen tune: --heads {unknown} are not in tuning.heads of {spec_path} "
-            f"({list(spec.tuning.heads)}); add them there first",
-            file=sys.stderr,
-        )
-        return 2
     old = None
     if (args.merge or args.retime) and out.exists():
         # Not load_tuning: a file with some stale pairs still has fresh ones to keep; merge drops

@@ -409,6 +409,23 @@ def test_cli_retime_needs_the_tuning_file(tmp_path):
     assert "does not exist" in run.stderr
 
 
+def test_cli_heads_must_be_in_the_tuning_grid(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mini.yaml").write_text(to_yaml(SMALL))
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "tune", "specs/mini.yaml", "--heads", "32,40"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--heads [40] are not in tuning.heads of specs/mini.yaml ([32, 64])" in run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "tune", "specs/mini.yaml", "--heads", "all"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2 and "--heads expects HV values like 4,6,8; got 'all'" in run.stderr
+
+
 def _with_variant(variant: dict):
     """The SMALL spec with one more variant (and no other change)."""
     return parse_spec(
