@@ -998,7 +998,7 @@ def test_index_values_padded_rows_write_nothing(make):
     # Regression: gdngen/runtime/checks.py check_index_values counts the live columns (and cache rows) of
     # a row whose read slot is padding, although such a row stores nothing (gdngen/device/rows.py
     # row_slots: ``owned`` needs read > null_slot; every token/cache store is gated on ``owned``;
-    # gdngen/reference.py skips the row too). The plain [N] form already leaves padded rows out
+    # gdngen/reference/ skips the row too). The plain [N] form already leaves padded rows out
     # (``live = (table > null) & (out > null)``). E.g. initial_state_indices=[[-1, 3, 0], [1, 3,
     # 2]], T=2 raises "initial_state_indices: slot 3 is written by more than one batch row", and
     # initial_state_indices=[-1, 0], intermediate_state_indices=[1, 1] raises
@@ -1011,7 +1011,7 @@ def test_index_values_one_row_writing_a_slot_twice():
     # Regression: a row whose live columns repeat a slot (here row 0 writes slot 3 after token 0 and
     # after token 1) is refused as "initial_state_indices: slot 3 is written by more than one batch
     # row": only one row writes it (and one lane stores both tokens' tiles in order, so the last
-    # wins, as in gdngen/reference.py). Either accept it or say what is wrong.
+    # wins, as in gdngen/reference/). Either accept it or say what is wrong.
     call = check(table(initial_state_indices=ints([[3, 3, 0], [1, 2, 4]])))
     try:
         check_index_values(call)

@@ -1,4 +1,4 @@
-"""The one reference every test and benchmark compares with: GDN decode in float64.
+"""The recurrence: GDN decode in float64, in the kernel's call forms.
 
 It follows docs/design.md ("The math") literally (decay first, then the delta update, then the
 output from the updated state) and the precision contract: the state stays in float64 across all T

@@ -1,0 +1,68 @@
+"""The causal depthwise conv1d update of an engine's decode step, in float64.
+
+Each of the D channels of the packed ``mixed_qkv`` rows (q, k, v side by side) is convolved with
+its own W taps over the last W inputs of its sequence: the W - 1 inputs kept in the conv state
+from earlier calls, then this call's T tokens. Output token t of channel c is
+
+    act(bias[c] + sum_{w < W} weight[c, w] * window[c, t + w])
+
+where ``window`` is the state's W - 1 columns (oldest first) followed by the T new inputs, and
+the state afterwards holds the last W - 1 columns of the window. Nothing is rounded here: the
+inputs are read as float64, and the new state is rounded to the state's dtype where it is stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: how a conv state slot is laid out: "channels_first" [D, W - 1] (each channel's window
+#: contiguous), "channels_last" [W - 1, D] (each time step's channels contiguous)
+CONV_STATE_LAYOUTS = ("channels_first", "channels_last")
+CONV_ACTIVATIONS = (None, "silu")
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = "silu",
+    slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    state_layout: str = "channels_first",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call on ``x`` [B, T, D]: returns the outputs [B, T, D] (float64) and the whole conv
+    state pool after the call (a new tensor in the pool's dtype).
+
+    ``conv_state`` is [P, D, W - 1] (channels_first) or [P, W - 1, D] (channels_last); batch row
+    n uses slot ``slots[n]`` (slot n without ``slots``). A row whose slot is ``<= null_slot`` is
+    padding: its outputs are zero and no state is read or written. ``weight`` is [D, W]."""
+    if state_layout not in CONV_STATE_LAYOUTS:
+        raise ValueError(
+            f"state_layout: expected one of {CONV_STATE_LAYOUTS}; got {state_layout!r}"
+        )
+    if activation not in CONV_ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {CONV_ACTIVATIONS}; got {activation!r}")
+    B, T, D = x.shape
+    width = weight.shape[1]
+    new_pool = conv_state.clone()
+    out = torch.zeros(B, T, D, dtype=torch.float64, device=x.device)
+    taps = weight.double()
+    for n in range(B):
+        slot = n if slots is None else int(slots[n])
+        if slots is not None and slot <= null_slot:
+            continue
+        kept = conv_state[slot].double()
+        kept = kept if state_layout == "channels_first" else kept.transpose(0, 1)  # [D, W-1]
+        window = torch.cat([kept, x[n].double().transpose(0, 1)], dim=1)  # [D, W - 1 + T]
+        for t in range(T):
+            out[n, t] = (window[:, t : t + width] * taps).sum(dim=1)
+        if bias is not None:
+            out[n] += bias.double()
+        stored = window[:, window.shape[1] - (width - 1) :]
+        stored = stored if state_layout == "channels_first" else stored.transpose(0, 1)
+        new_pool[slot] = stored.to(conv_state.dtype)
+    if activation == "silu":
+        out = torch.nn.functional.silu(out)
+    return out, new_pool
