@@ -5,6 +5,10 @@
 # usage: bash docs/perf/raw/h100-tune/tune.sh WORKERS DEADLINE_S job...
 #   job = layout/dtype:T, or layout/dtype:T:HVs to measure only those HVs of tuning.heads
 #   (e.g. k_last/bf16:2:4,6,8,12): a long job split by HV finishes within a call's time.
+# SHORTLIST_FROM=FILE (environment): each job starts from a copy of FILE (the GPU model's
+#   committed tuning file) and runs with --merge, so its T > 1 cells time only the variants its
+#   T = 1 cells shortlist (tuning.multi_token_shortlist) instead of every candidate. Only for
+#   jobs that measure cells FILE lacks: merge-tuning keeps the last file's copy of a cell.
 set -o pipefail
 workers=$1; deadline=$2; shift 2
 W=/tmp/rt; mkdir -p $W
@@ -14,10 +18,12 @@ job() {
   IFS=: read -r pair T heads <<< "$1"
   tag=${pair/\//-}-t$T${heads:+-hv${heads//,/-}}
   s=$(date +%s)
+  merge=
+  if [ -n "$SHORTLIST_FROM" ]; then cp "$SHORTLIST_FROM" $W/$tag.yaml; merge=--merge; fi
   timeout $(( deadline - (s - start) - 15 )) python -m gdngen tune specs/h200.yaml --pairs $pair \
-    --tokens $T ${heads:+--heads $heads} --gpu-lock $W/gpu.lock --out $W/$tag.yaml > $W/$tag.log 2>&1
+    --tokens $T ${heads:+--heads $heads} --gpu-lock $W/gpu.lock $merge --out $W/$tag.yaml > $W/$tag.log 2>&1
   echo "$1 rc=$? $(( $(date +%s) - s )) s (started at +$(( s - start )) s)" >> $W/steps.log
 }
-export -f job; export W start deadline
+export -f job; export W start deadline SHORTLIST_FROM
 printf '%s\n' "$@" | xargs -P $workers -I{} bash -c 'job {}'
 cat $W/steps.log
