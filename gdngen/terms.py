@@ -6,6 +6,7 @@ a new layout or dtype is added here once (see docs/design.md, "Features").
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Literal
 
 Layout = Literal["k_last", "v_last"]
@@ -16,6 +17,12 @@ IndexDtype = Literal["int32", "int64"]
 #: which calls a dispatch rule serves: those that cache per-token states ("yes", speculative
 #: verify), those that do not ("no", plain decode), or both ("any")
 Intermediate = Literal["any", "yes", "no"]
+
+
+def kernel_serves_head_dims(module: ModuleType, K: int, V: int) -> bool:
+    """Whether an emitted kernel module (its HEAD_K_DIM and TILE_V) is built for head dims (K, V):
+    its K, and V a multiple of its tile (the knobs' side: gdngen.spec.model.Variant)."""
+    return module.HEAD_K_DIM == K and V % module.TILE_V == 0
 
 
 def sm_suffix(sm: str) -> str:

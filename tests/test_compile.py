@@ -18,6 +18,7 @@ from gdngen.runtime.resources import kernel_resources
 from gdngen.spec import load_spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX
 from gdngen.spec.sm import SM_FACTS
+from gdngen.terms import kernel_serves_head_dims
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
@@ -35,7 +36,7 @@ def _cases():
 
 
 def _keys(info, module):
-    served = [g for g in info.geometries if g.K == module.HEAD_K_DIM and g.V % module.TILE_V == 0]
+    served = [g for g in info.geometries if kernel_serves_head_dims(module, g.K, g.V)]
     geometry = max(served, key=lambda g: (g.HV, g.V))  # the largest shape the kernel is built for
     common = dict(
         variant=module.NAME, arch=info.sm, H=geometry.H, HV=geometry.HV, K=geometry.K,

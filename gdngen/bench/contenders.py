@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Callable
 
 from gdngen.problem import Problem
+from gdngen.terms import kernel_serves_head_dims
 from gdngen.tune.tuning_file import Cell, TuningFile, read_tuning
 
 #: default margin of ``contenders``: a variant the tune timed more than 10% behind a cell's best
@@ -31,13 +32,11 @@ def pair_variants(
     """The target's variants for one layout and state dtype built for head dims (K, V), by name."""
     call = target.variant(target.VARIANTS[0])  # any variant's call loads every kernel module
     modules = [call.module(name) for name in target.VARIANTS]
-    K, V = head_dims
     return [
         m.NAME
         for m in modules
         if (m.LAYOUT, m.STATE_DTYPE) == (layout, state_dtype)
-        and m.HEAD_K_DIM == K
-        and V % m.TILE_V == 0
+        and kernel_serves_head_dims(m, *head_dims)
     ]
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from gdngen.problem import Problem, state_of
+from gdngen.terms import kernel_serves_head_dims
 
 INT32_LIMIT = 2**31
 
@@ -71,7 +72,7 @@ class Gdngen(Impl):
             module = self.call.module(self.variant)
             if (module.LAYOUT, module.STATE_DTYPE) != (problem.layout, problem.state_dtype):
                 return "variant is for another layout/dtype"
-            if module.HEAD_K_DIM != problem.K or problem.V % module.TILE_V:
+            if not kernel_serves_head_dims(module, problem.K, problem.V):
                 return f"variant is for K={module.HEAD_K_DIM} and V divisible by {module.TILE_V}"
         return None
 

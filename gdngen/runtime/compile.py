@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
+from gdngen.terms import kernel_serves_head_dims
+
 from .checks import VECTOR_ALIGN, Call
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
@@ -205,7 +207,7 @@ def compile_kernel(module: ModuleType, key: CompileKey, *, dump_dir: Path | None
     """Compile ``module.launch`` for ``key``; with ``dump_dir``, keep its PTX and cubin there."""
     import cutlass.cute as cute
 
-    if key.K != module.HEAD_K_DIM or key.V % module.TILE_V:
+    if not kernel_serves_head_dims(module, key.K, key.V):
         raise ValueError(
             f"{module.NAME} serves K={module.HEAD_K_DIM} and V divisible by {module.TILE_V}; "
             f"the call has K={key.K}, V={key.V}"

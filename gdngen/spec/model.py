@@ -603,6 +603,17 @@ class Spec(_Strict):
         g = self.tuning_geometry(self.tuning.heads[0])
         return (g.K, g.V)
 
+    def tuning_candidates(self, layout: str, state_dtype: str) -> list[Variant]:
+        """The variants ``gdngen tune`` times in the cells of one (layout, dtype) pair: those built
+        for the head dims it measures (every variant of the pair without a tuning grid)."""
+        head_dims = self.tuning_head_dims
+        return [
+            v
+            for v in self.variants
+            if (v.layout, v.state_dtype) == (layout, state_dtype)
+            and (head_dims is None or v.serves_head_dims(*head_dims))
+        ]
+
     @property
     def served(self) -> tuple[tuple[str, str], ...]:
         """The (layout, state dtype) pairs this target's call accepts: those with dispatch rules."""

@@ -204,12 +204,7 @@ def tune(
         if pair_key(c.layout, c.state_dtype) not in stale
     }
     for layout, state_dtype in measured_pairs:
-        candidates = sorted(
-            name
-            for name, v in spec.variants_by_name.items()
-            if (v.layout, v.state_dtype) == (layout, state_dtype)
-            and v.serves_head_dims(*spec.tuning_head_dims)
-        )
+        candidates = sorted(map(spec.variant_name, spec.tuning_candidates(layout, state_dtype)))
         first_cells = [
             c for c in earlier_first if (c.layout, c.state_dtype) == (layout, state_dtype)
         ]

@@ -85,12 +85,9 @@ def pair_sha256(spec: Spec, layout: str, state_dtype: str) -> str:
     for other head dims leaves them all valid; knobs at their default value are left out, so that
     a knob added to the Variant model (which does not change existing kernels' code) invalidates
     nothing."""
-    head_dims = spec.tuning_head_dims
     variants = sorted(
         (spec.variant_name(v), v.model_dump(mode="json", exclude_defaults=True))
-        for v in spec.variants
-        if (v.layout, v.state_dtype) == (layout, state_dtype)
-        and (head_dims is None or v.serves_head_dims(*head_dims))
+        for v in spec.tuning_candidates(layout, state_dtype)
     )
     payload = {"target": spec.target, "sm": spec.sm, "variants": variants}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
