@@ -17,6 +17,11 @@ IndexDtype = Literal["int32", "int64"]
 #: which calls a dispatch rule serves: those that cache per-token states ("yes", speculative
 #: verify), those that do not ("no", plain decode), or both ("any")
 Intermediate = Literal["any", "yes", "no"]
+#: the activations of the gate z in the gated RMSNorm epilogue: silu(z) = z * sigmoid(z), sigmoid
+NORM_ACTIVATIONS = ("silu", "sigmoid")
+#: the most CTAs a thread-block cluster may have on every SM target without a non-portable
+#: opt-in: the gated RMSNorm epilogue's CTAs of one head form a cluster (gdngen.device.norm)
+PORTABLE_CLUSTER = 8
 
 
 def kernel_serves_head_dims(module: ModuleType, K: int, V: int) -> bool:

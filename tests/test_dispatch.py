@@ -50,9 +50,31 @@ def test_rules_name_known_variants_and_cover_the_target():
     assert {rule.use for rule in TABLE} <= set(h200.VARIANTS)
     assert {(rule.layout, rule.state_dtype) for rule in TABLE} == set(h200.INFO.served)
     assert load_spec(SPEC_PATH).served == h200.INFO.served
-    assert coverage_gap(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens) is None
+    # calls with and without the gated RMSNorm epilogue (the target has the feature)
+    assert h200.INFO.gated_rmsnorm
+    norms = (False, True)
+    assert coverage_gap(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, norms) is None
     # and no rule is dead weight: each is the first match of some call
-    assert reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens) == list(TABLE)
+    assert reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, norms) == list(TABLE)
+    # the epilogue's rules come first and route no call without it
+    first = [rule.gated_norm for rule in TABLE]
+    assert first == sorted(first, key=lambda norm: not norm)
+    plain = reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens)
+    assert not any(rule.gated_norm for rule in plain)
+
+
+def test_norm_calls_land_on_kernels_with_the_epilogue():
+    spec = load_spec(SPEC_PATH)
+    variants = {spec.variant_name(v): v for v in spec.variants}
+    for layout, state_dtype in h200.INFO.served:
+        for head_dims in HEAD_DIMS:
+            for batch_heads in BATCH_HEADS:
+                for tokens in (1, 4, 8):
+                    rule = select(
+                        TABLE,
+                        CallShape(layout, state_dtype, tokens, batch_heads, False, head_dims, True),
+                    )
+                    assert variants[rule.use].serves_gated_norm(head_dims[1]), rule
 
 
 def test_target_select_is_the_table_select():

@@ -80,12 +80,6 @@ def test_min_ctas_per_sm_changes_only_the_launch():
             "+MIN_CTAS_PER_SM = 5",
             "-# (value head, batch row).",
             "+# (value head, batch row), with launch bounds of MIN_CTAS_PER_SM CTAs an SM.",
-            "-    decode_kernel, name=NAME, tile_v=TILE_V, threads=THREADS, head_k_dim=HEAD_K_DIM",
-            "+    decode_kernel,",
-            "+    name=NAME,",
-            "+    tile_v=TILE_V,",
-            "+    threads=THREADS,",
-            "+    head_k_dim=HEAD_K_DIM,",
             "+    min_ctas_per_sm=MIN_CTAS_PER_SM,",
         ]
     ), changed

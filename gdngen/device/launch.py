@@ -3,7 +3,9 @@
 A kernel module defines ``decode_kernel`` (the device code) and builds its ``launch`` here: a
 ``cute.jit`` function taking the same arguments plus the stream, which checks at trace time that
 the call's head dims are the ones the variant serves and launches one CTA per ``tile_v`` rows of
-each (value head, batch row). The runtime compiles ``launch`` (gdngen.runtime.compile).
+each (value head, batch row); with the gated RMSNorm epilogue (``z`` given), the V // tile_v CTAs
+of a head form one thread-block cluster (gdngen.device.norm). The runtime compiles ``launch``
+(gdngen.runtime.compile).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32
+
+from gdngen.terms import NORM_ACTIVATIONS, PORTABLE_CLUSTER
 
 
 def decode_launcher(
@@ -20,13 +24,16 @@ def decode_launcher(
     tile_v: int,
     threads: int,
     head_k_dim: int,
+    gated_norm: bool,
     min_ctas_per_sm: int = 0,
 ):
     """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
-    cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state, null_slot,
-    per_token_slots, stream)`` for ``decode_kernel``; with ``min_ctas_per_sm``, launch bounds
-    that fit that many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row per
-    sequence, a dense one per batch row."""
+    cu_seqlens, cache_rows, out, cache, z, norm_weight, scale, norm_eps, T, use_qk_l2norm,
+    write_final_state, null_slot, per_token_slots, norm_activation, stream)`` for
+    ``decode_kernel``; ``gated_norm``: whether the kernel has the gated RMSNorm epilogue (``z``
+    and ``norm_weight`` None without it); with ``min_ctas_per_sm``, launch bounds that fit that
+    many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row per sequence, a dense
+    one per batch row."""
 
     @cute.jit
     def launch(
@@ -45,12 +52,16 @@ def decode_launcher(
         cache_rows,
         out: cute.Tensor,
         cache,
+        z,
+        norm_weight,
         scale: Float32,
+        norm_eps: Float32,
         T: Constexpr[int],
         use_qk_l2norm: Constexpr[bool],
         write_final_state: Constexpr[bool],
         null_slot: Constexpr[int],
         per_token_slots: Constexpr[bool],
+        norm_activation: Constexpr[str],
         stream,
     ):
         num_v_heads = v.shape[2]
@@ -60,10 +71,22 @@ def decode_launcher(
                 f"{name} serves K={head_k_dim} and V divisible by {tile_v}; "
                 f"got K={q.shape[3]}, V={head_v_dim}"
             )
+        cluster = 1
+        if cutlass.const_expr(z is not None):
+            cluster = head_v_dim // tile_v
+            if cutlass.const_expr(not gated_norm or cluster > PORTABLE_CLUSTER):
+                raise ValueError(
+                    f"{name} has no gated RMSNorm epilogue for V={head_v_dim}: the epilogue "
+                    f"needs the stepwise solve and at most {PORTABLE_CLUSTER} CTAs a head"
+                )
+            if cutlass.const_expr(norm_activation not in NORM_ACTIVATIONS):
+                raise ValueError(
+                    f"norm_activation: expected one of {NORM_ACTIVATIONS}; got {norm_activation!r}"
+                )
         kernel = decode_kernel(
             q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
             cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state,
-            null_slot, per_token_slots,
+            null_slot, per_token_slots, z, norm_weight, norm_eps, norm_activation,
         )  # fmt: skip
         rows = q.shape[0]
         if cutlass.const_expr(cu_seqlens is not None):
@@ -78,6 +101,9 @@ def decode_launcher(
                 preferred_smem_carveout=-1,
                 stream=stream,
             )
+        elif cutlass.const_expr(cluster > 1):
+            # One cluster per head: its CTAs' sums of squares meet in distributed shared memory.
+            kernel.launch(grid=grid, block=(threads, 1, 1), cluster=(cluster, 1, 1), stream=stream)
         else:
             kernel.launch(grid=grid, block=(threads, 1, 1), stream=stream)
 

@@ -59,12 +59,15 @@ class CallShape:
     intermediate: bool
     #: the geometry's head dims (K, V)
     head_dims: tuple[int, int]
+    #: whether the call fuses the gated RMSNorm epilogue (z and norm_weight given)
+    gated_norm: bool = False
 
     def describe(self) -> str:
         return (
             f"layout={self.layout} state_dtype={self.state_dtype} tokens={self.tokens} "
             f"batch_heads={self.batch_heads} intermediate={'yes' if self.intermediate else 'no'} "
             f"head_dims=K{self.head_dims[0]}xV{self.head_dims[1]}"
+            + (" gated_norm=yes" if self.gated_norm else "")
         )
 
 
@@ -83,6 +86,9 @@ class Rule(_Strict):
     #: the head dims (K, V) the rule is for; None: any. In YAML ``head_dims: [64, 64]``. Measured
     #: rules always name the head dims they were measured at
     head_dims: tuple[int, int] | None = None
+    #: whether the rule is for calls with the gated RMSNorm epilogue (true), without (false), or
+    #: both (None). Measured rules are for calls without it: the tuning times the recurrence
+    gated_norm: bool | None = None
     use: str
     source: str = ""
 
@@ -94,6 +100,7 @@ class Rule(_Strict):
             and self.batch_heads.contains(shape.batch_heads)
             and self.intermediate in ("any", "yes" if shape.intermediate else "no")
             and self.head_dims in (None, shape.head_dims)
+            and self.gated_norm in (None, shape.gated_norm)
         )
 
 
@@ -110,24 +117,28 @@ def boundary_shapes(
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
+    norms: Iterable[bool] = (False,),
 ) -> Iterator[CallShape]:
     """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
-    pair and head dims, T in 1..max_tokens, with and without intermediate states, at each
-    batch*heads where some rule starts or ends (between those points the choice cannot change)."""
+    pair and head dims, T in 1..max_tokens, with and without intermediate states, with each of
+    ``norms`` (the gated RMSNorm epilogue or not), at each batch*heads where some rule starts or
+    ends (between those points the choice cannot change)."""
     starts = sorted(
         {1}
         | {r.batch_heads.lo for r in rules}
         | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
     )
     dims = list(head_dims)
+    norms = list(norms)
     for layout, state_dtype in pairs:
         for head in dims:
-            for tokens in range(1, max_tokens + 1):
-                for intermediate in (False, True):
-                    for batch_heads in starts:
-                        yield CallShape(
-                            layout, state_dtype, tokens, batch_heads, intermediate, head
-                        )
+            for norm in norms:
+                for tokens in range(1, max_tokens + 1):
+                    for intermediate in (False, True):
+                        for batch_heads in starts:
+                            yield CallShape(
+                                layout, state_dtype, tokens, batch_heads, intermediate, head, norm
+                            )
 
 
 def coverage_gap(
@@ -135,11 +146,12 @@ def coverage_gap(
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
+    norms: Iterable[bool] = (False,),
 ) -> CallShape | None:
     """The first call shape of a served (layout, dtype) pair and head dims that no rule serves,
     or None when the rules cover every T in 1..max_tokens and every batch*heads, with and
-    without intermediate states, at each of ``head_dims``."""
-    for shape in boundary_shapes(rules, pairs, head_dims, max_tokens):
+    without intermediate states, at each of ``head_dims`` and ``norms``."""
+    for shape in boundary_shapes(rules, pairs, head_dims, max_tokens, norms):
         if select(rules, shape) is None:
             return shape
     return None
@@ -150,10 +162,10 @@ def reached(
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
+    norms: Iterable[bool] = (False,),
 ) -> list[Rule]:
-    """The rules that first-match serves some call of ``pairs`` at ``head_dims`` (in table
-    order): the others are shadowed by rules before them and can be left out of a table."""
-    hit = {
-        id(select(rules, shape)) for shape in boundary_shapes(rules, pairs, head_dims, max_tokens)
-    }
+    """The rules that first-match serves some call of ``pairs`` at ``head_dims`` and ``norms``
+    (in table order): the others are shadowed by rules before them and can be left out."""
+    shapes = boundary_shapes(rules, pairs, head_dims, max_tokens, norms)
+    hit = {id(select(rules, shape)) for shape in shapes}
     return [rule for rule in rules if id(rule) in hit]

@@ -136,6 +136,7 @@ def plan_target(
         "geometries": [g.model_dump(mode="json") for g in spec.geometries],
         "max_tokens": spec.features.max_tokens,
         "index_dtypes": list(spec.features.index_dtypes),
+        "gated_rmsnorm": spec.features.gated_rmsnorm,
         "served": [list(pair) for pair in spec.served],
         "spec": spec_path,
     }
@@ -233,26 +234,26 @@ def unmeasured_pairs(spec: Spec, measured: Measured | None) -> dict[str, str]:
 
 
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
-    """The dispatch table (first match wins): measured rules for the pairs whose timings hold, at
-    the head dims they were measured at, then the spec's static rules that still serve some call
-    (every call of the other pairs, and the measured pairs' calls at other head dims), each citing
-    where it came from."""
+    """The dispatch table (first match wins): the spec's rules for calls with the gated RMSNorm
+    epilogue (the tuning times the recurrence alone, so they come before any measured rule);
+    measured rules for the pairs whose timings hold, at the head dims they were measured at; then
+    the spec's other static rules that still serve some call (every call of the other pairs, and
+    the measured pairs' calls at other head dims), each citing where it came from."""
     pairs = measured_pairs(spec, measured)
-    rules = (
-        measured_rules(
-            measured.cells, pairs, spec.features.max_tokens, measured.name, spec.tuning_head_dims
-        )
-        if measured
-        else []
-    )
-    rules += [
+    static = [
         rule.model_copy(update={"source": f"spec dispatch[{index}]"})
         for index, rule in enumerate(spec.dispatch)
     ]
-    gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens)
+    rules = [rule for rule in static if rule.gated_norm]
+    if measured:
+        rules += measured_rules(
+            measured.cells, pairs, spec.features.max_tokens, measured.name, spec.tuning_head_dims
+        )
+    rules += [rule for rule in static if not rule.gated_norm]
+    gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.norms)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured
         where = measured.name if measured else "the spec's dispatch"
         raise TuningError(
             f"{where}: its dispatch rules leave a gap: no rule serves {gap.describe()}"
         )
-    return reached(rules, spec.served, spec.head_dims, spec.features.max_tokens)
+    return reached(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.norms)

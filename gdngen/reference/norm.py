@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-NORM_ACTIVATIONS = ("silu", "sigmoid")
+from gdngen.terms import NORM_ACTIVATIONS
 
 
 def gated_rmsnorm(

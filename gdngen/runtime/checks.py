@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .info import TargetInfo
+
+if TYPE_CHECKING:
+    from .norm_checks import GatedNorm
 
 IO_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 GATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -57,6 +61,16 @@ class Call:
     num_accepted: torch.Tensor | None = None
     cache_rows: torch.Tensor | None = None
     total_tokens: int | None = None
+    #: the gated RMSNorm epilogue (gdngen.runtime.norm_checks); None without it
+    norm: GatedNorm | None = None
+
+    @property
+    def norm_activation(self) -> str | None:
+        return None if self.norm is None else self.norm.activation
+
+    @property
+    def norm_weight_dtype(self) -> str | None:
+        return None if self.norm is None else self.norm.weight_dtype
 
     @property
     def batch_heads(self) -> int:
@@ -188,6 +202,10 @@ def check_call(
     max_seqlen=None,
     num_accepted_tokens=None,
     intermediate_state_indices=None,
+    z=None,
+    norm_weight=None,
+    norm_eps=1e-6,
+    norm_activation="silu",
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first)."""
@@ -459,6 +477,13 @@ def check_call(
         _contiguous("output", output)
         _aligned("output", output, 1, outer_dims=0)
 
+    from .norm_checks import check_gated_norm  # it builds on this module's helpers
+
+    norm = check_gated_norm(
+        info, z=z, norm_weight=norm_weight, norm_eps=norm_eps, norm_activation=norm_activation,
+        q=q, token_dims=token_dims, lead=lead, HV=HV, V=V,
+    )  # fmt: skip
+
     # -- devices -----------------------------------------------------------------------------------
     device = q.device
     if device.type != "cuda":
@@ -511,6 +536,7 @@ def check_call(
         num_accepted=num_accepted,
         cache_rows=cache_rows,
         total_tokens=total_tokens,
+        norm=norm,
     )
 
 

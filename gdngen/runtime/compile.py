@@ -47,6 +47,10 @@ class CompileKey:
     per_token_slots: bool = False
     num_accepted: bool = False
     cache_rows: bool = False
+    #: the gated RMSNorm epilogue (docs/design.md, "The fused decode core"): the gate's
+    #: activation ("silu" or "sigmoid") and the norm weight's dtype; None without the epilogue
+    norm_activation: str | None = None
+    norm_weight_dtype: str | None = None
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call) -> "CompileKey":
@@ -72,6 +76,8 @@ class CompileKey:
             per_token_slots=call.per_token_slots,
             num_accepted=call.num_accepted is not None,
             cache_rows=call.cache_rows is not None,
+            norm_activation=call.norm_activation,
+            norm_weight_dtype=call.norm_weight_dtype,
         )
 
     @property
@@ -177,6 +183,11 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
     if key.cache:
         cache_count = cute.sym_int64(symbol="cache_rows") if key.cache_rows else rows
         cache = compact(key.state_dtype, (cache_count, cache_steps, HV) + head, VECTOR_ALIGN)
+    z = norm_weight = None
+    if key.norm_activation is not None:
+        z = token_rows(HV, V)
+        weight_bytes = ELEMENT_BYTES[key.norm_weight_dtype]
+        norm_weight = compact(key.norm_weight_dtype, (V,), weight_bytes)
     return [
         token_rows(H, K),  # q
         token_rows(H, K),  # k
@@ -193,12 +204,16 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         cache_rows,
         compact(key.io_dtype, (lead, tokens, HV, V), VECTOR_ALIGN),  # out
         cache,
+        z,
+        norm_weight,
         cutlass.Float32(1.0),  # scale (a run-time value)
+        cutlass.Float32(1e-6),  # norm_eps (a run-time value)
         key.tokens,
         key.use_qk_l2norm,
         key.write_final_state,
         key.null_slot,
         key.per_token_slots,
+        key.norm_activation or "silu",
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
 

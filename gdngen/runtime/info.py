@@ -18,6 +18,8 @@ class TargetInfo:
     served: tuple[tuple[str, str], ...]
     #: the spec it was emitted from, as emit was given it (errors say what to add there)
     spec: str = ""
+    #: the call takes the gated RMSNorm epilogue's z and norm_weight (features.gated_rmsnorm)
+    gated_rmsnorm: bool = False
 
     def add_to_spec(self, what: str) -> str:
         """How to make the target serve something: ``what`` to add, and the command after."""

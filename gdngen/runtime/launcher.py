@@ -58,7 +58,8 @@ def call_key(
     q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
     initial_state_indices, output_state_indices, intermediate_states_buffer,
     disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
-    num_accepted_tokens=None, intermediate_state_indices=None,
+    num_accepted_tokens=None, intermediate_state_indices=None, z=None, norm_weight=None,
+    norm_eps=1e-6, norm_activation="silu",
 ) -> tuple:  # fmt: skip
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
@@ -100,9 +101,12 @@ def call_key(
         None if intermediate_state_indices is None else (
             intermediate_state_indices.dtype, intermediate_state_indices.get_device()
         ),
+        None if z is None else (z.dtype, z.shape, z.stride(), z.get_device()),
+        None if norm_weight is None else (norm_weight.dtype, norm_weight.get_device()),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
-        disable_state_update, state_layout, type(null_slot), null_slot,
+        disable_state_update, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
+        norm_activation,
     )  # fmt: skip
 
 
@@ -113,6 +117,8 @@ class Plan:
     variant: str
     kernel: object
     scale: float
+    #: the gated RMSNorm's eps (the kernel's run-time argument; unused without the epilogue)
+    norm_eps: float
     #: the output's head dims (HV, V): its leading dims are q's (in the kernel's form)
     head_shape: tuple[int, int]
     output_dtype: torch.dtype
@@ -126,6 +132,10 @@ class DecodeCall:
     ``state_layout`` ("k_last" [.., HV, V, K] or "v_last" [.., HV, K, V]) and ``check_indices``
     (read the slot indices back to the host and reject out-of-range or twice-written slots; this
     synchronises, so it is off by default; the kernels never touch a slot outside the pool).
+    With ``z`` (the gate, in the output's form) and ``norm_weight`` [V], the output is the gated
+    RMSNorm of the recurrence's, ``o / sqrt(mean(o^2) + norm_eps) * norm_weight *
+    norm_activation(z)`` per value head, fused into the kernel (targets with
+    ``features.gated_rmsnorm``).
     """
 
     def __init__(
@@ -171,6 +181,7 @@ class DecodeCall:
             variant=variant,
             kernel=kernel,
             scale=call.scale,
+            norm_eps=1e-6 if call.norm is None else call.norm.eps,
             head_shape=(call.HV, call.V),
             output_dtype=arguments["q"].dtype,
             device=arguments["q"].device,
@@ -203,22 +214,28 @@ class DecodeCall:
         num_accepted_tokens=None,
         intermediate_state_indices=None,
         mixed_qkv=None,
+        z=None,
+        norm_weight=None,
+        norm_eps=1e-6,
+        norm_activation="silu",
     ):
         returned = output
         squeeze = None
-        if needs_views(q, mixed_qkv, cu_seqlens, a, b, output):
+        if needs_views(q, mixed_qkv, cu_seqlens, a, b, output, z):
             views = kernel_views(
                 self._info(), q=q, k=k, v=v, a=a, b=b, output=output, mixed_qkv=mixed_qkv,
-                cu_seqlens=cu_seqlens,
+                cu_seqlens=cu_seqlens, z=z,
             )  # fmt: skip
             q, k, v, a, b, output = views.q, views.k, views.v, views.a, views.b, views.output
+            z = views.z
             squeeze = views.output_squeeze
         try:
             key = call_key(
                 q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm,
                 initial_state, initial_state_indices, output_state_indices,
                 intermediate_states_buffer, disable_state_update, state_layout, null_slot,
-                cu_seqlens, max_seqlen, num_accepted_tokens, intermediate_state_indices,
+                cu_seqlens, max_seqlen, num_accepted_tokens, intermediate_state_indices, z,
+                norm_weight, norm_eps, norm_activation,
             )  # fmt: skip
             plan = None if check_indices else self._plans.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
@@ -241,7 +258,8 @@ class DecodeCall:
             plan.kernel(
                 q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices,
                 output_state_indices, num_accepted_tokens, cu_seqlens,
-                intermediate_state_indices, output, intermediate_states_buffer, plan.scale,
+                intermediate_state_indices, output, intermediate_states_buffer, z, norm_weight,
+                plan.scale, plan.norm_eps,
             )  # fmt: skip
         except (ValueError, TypeError):
             if known:  # the kernel refused an argument before launching: the checks say which
@@ -255,7 +273,8 @@ class DecodeCall:
         output=None, use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
         output_state_indices=None, intermediate_states_buffer=None, disable_state_update=False,
         state_layout="k_last", check_indices=False, null_slot=-1, cu_seqlens=None,
-        max_seqlen=None, num_accepted_tokens=None, intermediate_state_indices=None,
+        max_seqlen=None, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
+        norm_weight=None, norm_eps=1e-6, norm_activation="silu",
     )  # fmt: skip
 
     @classmethod
@@ -285,14 +304,16 @@ class DecodeCall:
         if unknown:
             raise TypeError(f"prepare: unexpected keyword argument(s) {sorted(unknown)}")
         arguments.update(options)
-        if needs_views(q, mixed_qkv, arguments["cu_seqlens"], a, b, arguments["output"]):
+        z = arguments["z"]
+        if needs_views(q, mixed_qkv, arguments["cu_seqlens"], a, b, arguments["output"], z):
             views = kernel_views(
                 self._info(), q=q, k=k, v=v, a=a, b=b, output=arguments["output"],
-                mixed_qkv=mixed_qkv, cu_seqlens=arguments["cu_seqlens"],
+                mixed_qkv=mixed_qkv, cu_seqlens=arguments["cu_seqlens"], z=z,
             )  # fmt: skip
             arguments.update(
-                q=views.q, k=views.k, v=views.v, a=views.a, b=views.b, output=views.output
-            )
+                q=views.q, k=views.k, v=views.v, a=views.a, b=views.b, output=views.output,
+                z=views.z,
+            )  # fmt: skip
         return self._plan(arguments).variant
 
     def signatures(self) -> int:

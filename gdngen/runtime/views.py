@@ -4,8 +4,8 @@ The kernels read q, k, v as ``[lead, tokens, heads, dim]`` and a, b as ``[lead, 
 (docs/design.md, "Call forms"). Two engine forms are turned into that here, as strided views:
 
 - **Packed tokens without the leading 1**: with ``cu_seqlens``, q, k, v may be
-  ``[total_tokens, heads, dim]``, a and b ``[total_tokens, HV]`` and the output
-  ``[total_tokens, HV, V]``; they gain the leading 1 of ``[1, total_tokens, ...]``.
+  ``[total_tokens, heads, dim]``, a and b ``[total_tokens, HV]`` and the output (and the gated
+  RMSNorm's z) ``[total_tokens, HV, V]``; they gain the leading 1 of ``[1, total_tokens, ...]``.
 - **mixed_qkv**: one post-convolution buffer whose rows hold q, k and v side by side,
   ``[tokens, 2*H*K + HV*V]`` (or ``[B, T, width]``, ``[1, total_tokens, width]``); q, k and v become
   views of its columns, with the buffer's row stride. A dense ``[B, width]`` buffer is one token
@@ -38,17 +38,20 @@ class KernelViews:
     output: torch.Tensor | None
     #: the dim of the kernel's output that the caller's form does not have (None: same form)
     output_squeeze: int | None
+    #: the gated RMSNorm's gate in the output's form (None without the epilogue)
+    z: torch.Tensor | None = None
 
 
-def needs_views(q, mixed_qkv, cu_seqlens, a=None, b=None, output=None) -> bool:
+def needs_views(q, mixed_qkv, cu_seqlens, a=None, b=None, output=None, z=None) -> bool:
     """Whether a call is in one of the forms above (cheap: checked on every call): mixed_qkv, or
-    a packed call with any of q, a, b, output in its flat token form."""
+    a packed call with any of q, a, b, output, z in its flat token form."""
     if mixed_qkv is not None:
         return True
     if cu_seqlens is None:
         return False
     return any(
-        getattr(tensor, "ndim", 0) == flat for tensor, flat in ((q, 3), (a, 2), (b, 2), (output, 3))
+        getattr(tensor, "ndim", 0) == flat
+        for tensor, flat in ((q, 3), (a, 2), (b, 2), (output, 3), (z, 3))
     )
 
 
@@ -115,7 +118,9 @@ def _split_mixed(info: TargetInfo, mixed: torch.Tensor, HV: int, packed: bool):
     return q, k, v
 
 
-def kernel_views(info: TargetInfo, *, q, k, v, a, b, output, mixed_qkv, cu_seqlens) -> KernelViews:
+def kernel_views(
+    info: TargetInfo, *, q, k, v, a, b, output, mixed_qkv, cu_seqlens, z=None
+) -> KernelViews:
     """q, k, v, a, b and output as the kernel takes them (see the module docstring)."""
     packed = cu_seqlens is not None
     token_dim = 0 if packed else 1  # the dim a one-dim token form lacks
@@ -147,4 +152,6 @@ def kernel_views(info: TargetInfo, *, q, k, v, a, b, output, mixed_qkv, cu_seqle
             squeeze = token_dim
         else:
             squeeze = None
-    return KernelViews(q, k, v, a, b, output, squeeze)
+    if isinstance(z, torch.Tensor) and z.dim() == 3:  # the output's one-dim token form
+        z = z.unsqueeze(token_dim)
+    return KernelViews(q, k, v, a, b, output, squeeze, z)

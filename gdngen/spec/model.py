@@ -15,7 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
 from gdngen.dispatch import Rule, boundary_shapes, coverage_gap, select
-from gdngen.terms import LAYOUT_PREFIX, IndexDtype, Layout, SmTarget, StateDtype, sm_suffix
+from gdngen.terms import (
+    LAYOUT_PREFIX,
+    PORTABLE_CLUSTER,
+    IndexDtype,
+    Layout,
+    SmTarget,
+    StateDtype,
+    sm_suffix,
+)
 
 from .sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
 
@@ -142,6 +150,16 @@ class Variant(_Strict):
     def head_k_dim(self) -> int:
         """K this variant serves: one row is split over the group's lanes and the K splits."""
         return self.k_splits * self.threads_per_group * self.vec
+
+    def serves_gated_norm(self, V: int) -> bool:
+        """Whether the kernel has the gated RMSNorm epilogue for head dim V: the stepwise solve,
+        whole warps, and at most PORTABLE_CLUSTER CTAs a head (their sums meet in a cluster)."""
+        return (
+            self.solve == "stepwise"
+            and self.threads % WARP == 0
+            and V % self.tile_v == 0
+            and V // self.tile_v <= PORTABLE_CLUSTER
+        )
 
     def serves_head_dims(self, K: int, V: int) -> bool:
         """Whether the kernel is built for head dims (K, V): its K, and V a multiple of tile_v."""
@@ -348,6 +366,9 @@ class Features(_Strict):
 
     max_tokens: int = Field(default=8, ge=1, le=16)
     index_dtypes: tuple[IndexDtype, ...] = ("int32", "int64")
+    #: the gated RMSNorm epilogue (docs/design.md, "The fused decode core"): the call takes
+    #: ``z`` and ``norm_weight``, and the dispatch needs rules with ``gated_norm: true``
+    gated_rmsnorm: bool = False
 
 
 class Tuning(_Strict):
@@ -560,26 +581,50 @@ class Spec(_Strict):
                     f"tuning.heads: their geometries have head dims {sorted(measured_dims)}; the "
                     f"tuning grid measures one (K, V), the first geometry with each HV's"
                 )
-        gap = coverage_gap(self.dispatch, self.served, self.head_dims, self.features.max_tokens)
+        gap = coverage_gap(
+            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.norms
+        )
         if gap is not None:
             raise ValueError(
                 f"dispatch: no rule serves {gap.describe()}; every served layout/dtype needs "
                 f"rules for T=1..{self.features.max_tokens} and all batch*heads, at the head "
                 f"dims of every geometry"
+                + (", with and without gated_norm" if self.features.gated_rmsnorm else "")
             )
-        self._check_rules_fit_head_dims()
+        for index, rule in enumerate(self.dispatch):
+            if rule.gated_norm and not self.features.gated_rmsnorm:
+                raise ValueError(
+                    f"dispatch[{index}].gated_norm: the spec's features do not have the gated "
+                    "RMSNorm epilogue; add `gated_rmsnorm: true` under `features:`"
+                )
+        self._check_rules_fit_calls()
         return self
 
-    def _check_rules_fit_head_dims(self) -> None:
-        """Every call the static rules can route must land on a variant built for its head dims:
-        K = the variant's k_splits * threads_per_group * vec, and V a multiple of its tile_v."""
+    @property
+    def norms(self) -> tuple[bool, ...]:
+        """The calls the dispatch must route: without the gated RMSNorm epilogue, and with it
+        where the spec's features have it."""
+        return (False, True) if self.features.gated_rmsnorm else (False,)
+
+    def _check_rules_fit_calls(self) -> None:
+        """Every call the static rules can route must land on a variant built for its head dims
+        (K = the variant's k_splits * threads_per_group * vec, V a multiple of its tile_v) and,
+        for a call with the gated RMSNorm epilogue, a variant that has it."""
         by_name = self.variants_by_name
         for shape in boundary_shapes(
-            self.dispatch, self.served, self.head_dims, self.features.max_tokens
+            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.norms
         ):
             rule = select(self.dispatch, shape)
             variant = by_name[rule.use]
             K, V = shape.head_dims
+            if shape.gated_norm and not variant.serves_gated_norm(V):
+                index = self.dispatch.index(rule)
+                raise ValueError(
+                    f"dispatch[{index}].use: {rule.use} is the first rule for calls with the "
+                    f"gated RMSNorm at {shape.describe()}, but it has no epilogue for V={V} (it "
+                    f"needs the stepwise solve, whole warps and V / tile_v <= {PORTABLE_CLUSTER}); "
+                    "give a rule with `gated_norm: true` and such a variant first"
+                )
             if not variant.serves_head_dims(K, V):
                 index = self.dispatch.index(rule)
                 geometry = next(g.name for g in self.geometries if (g.K, g.V) == (K, V))

@@ -1,0 +1,170 @@
+"""The gated RMSNorm epilogue (features.gated_rmsnorm) on a GPU, against the float64 reference:
+the recurrence's reference output, normed and gated by gdngen.reference.gated_rmsnorm."""
+
+import pytest
+import torch
+
+import generated.h200 as h200
+from gdngen.problem import TORCH_DTYPES, Problem, state_of
+from gdngen.reference import gated_rmsnorm, reference_decode
+from tests.compare import assert_close
+from tests.gpu.check_call import as_k_last
+
+pytestmark = pytest.mark.gpu
+
+SERVED = [("k_last", "bf16"), ("k_last", "fp16"), ("k_last", "fp32"), ("v_last", "bf16"),
+          ("v_last", "fp16"), ("v_last", "fp32")]  # fmt: skip
+
+
+def norm_inputs(problem: Problem, *, weight_dtype=torch.bfloat16, z_view=False):
+    """z [B, T, HV, V] (or a column view of a wider projection row) and norm_weight [V]."""
+    gen = torch.Generator(device="cuda").manual_seed(problem.seed + 1000)
+    B, T, HV, V = problem.batch, problem.tokens, problem.HV, problem.V
+    io = TORCH_DTYPES[problem.io_dtype]
+    if z_view:  # the gate as engines slice it from a projection row [.., 64 | HV*V | 64]
+        rows = torch.randn(B, T, HV * V + 128, generator=gen, device="cuda").to(io)
+        z = rows[..., 64 : 64 + HV * V].unflatten(-1, (HV, V))
+    else:
+        z = torch.randn(B, T, HV, V, generator=gen, device="cuda").to(io)
+    weight = (1 + 0.5 * torch.randn(V, generator=gen, device="cuda")).to(weight_dtype)
+    return z, weight
+
+
+def run_norm_and_check(call, problem: Problem, *, activation="silu", eps=1e-6, **norm_options):
+    args = problem.make("cuda")
+    z, weight = norm_inputs(problem, **norm_options)
+    pool = state_of(args)
+    pool_before = pool.clone()
+    io = TORCH_DTYPES[problem.io_dtype]
+    B, T, HV, V = problem.batch, problem.tokens, problem.HV, problem.V
+    output = torch.full((B, T, HV, V), float("nan"), dtype=io, device="cuda")
+    z_before = z.clone()
+
+    out, _ = call(
+        **args, output=output, z=z, norm_weight=weight, norm_eps=eps, norm_activation=activation
+    )
+    torch.cuda.synchronize()
+
+    ref = reference_decode(
+        args["q"], args["k"], args["v"], pool_before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm,
+        read_slots=args.get("initial_state_indices"),
+        disable_state_update=problem.disable_state_update, state_layout=problem.layout,
+    )  # fmt: skip
+    live = ref.live
+    normed = gated_rmsnorm(ref.output, z, weight, eps=eps, activation=activation)
+    assert_close("normed output", out[live], normed[live], io)
+    if (~live).any():
+        assert (out[~live] == 0).all(), "padded rows must have zero output"
+    assert torch.equal(z, z_before), "z is an input"
+
+    state_dtype = TORCH_DTYPES[problem.state_dtype]
+    touched = torch.zeros(pool.shape[0], dtype=torch.bool, device="cuda")
+    if not problem.disable_state_update:
+        slots = (
+            torch.arange(B, device="cuda")
+            if args["state"] is not None
+            else args["initial_state_indices"].long()
+        )
+        touched[slots[live]] = True
+        got = as_k_last(pool[slots[live]], problem.layout)
+        assert_close("final state", got, ref.final_state[live], state_dtype)
+    assert torch.equal(
+        pool[~touched], pool_before[~touched]
+    ), "a slot the call does not own changed"
+    cache = args.get("intermediate_states_buffer")
+    if cache is not None:
+        got = as_k_last(cache[live, :T], problem.layout)
+        assert_close("intermediate states", got, ref.intermediates[live], state_dtype)
+    return out
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+def test_dispatched_norm(layout, state_dtype, tokens):
+    verify = tokens > 1 and tokens % 4 != 0
+    problem = Problem(
+        batch=5 + tokens, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=24, padded_rows=(1, 4), cache_steps=tokens if verify else None,
+        disable_state_update=verify, seed=tokens,
+    )  # fmt: skip
+    run_norm_and_check(h200.gdn_decode, problem, activation="silu" if tokens % 2 else "sigmoid")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 33, 64, 300])
+def test_batch_sizes_cross_rules(batch):
+    # B*HV from 64 to 19200: every K-last bf16 norm rule's range (the large ones pick other tiles).
+    problem = Problem(batch=batch, HV=64, pool_size=batch + 3, seed=batch)
+    run_norm_and_check(h200.gdn_decode, problem, weight_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_other_head_dims(layout, state_dtype, head_dim):
+    problem = Problem(
+        batch=3, tokens=2, HV=32, K=head_dim, V=head_dim, layout=layout, state_dtype=state_dtype,
+        pool_size=6, padded_rows=(0,), seed=head_dim,
+    )  # fmt: skip
+    run_norm_and_check(h200.gdn_decode, problem)
+
+
+def _norm_variants():
+    names = {
+        rule.use for table in (h200.dispatch.TABLE, *h200.dispatch.TABLES.values()) for rule in table
+        if rule.gated_norm
+    }  # fmt: skip
+    return sorted(names)
+
+
+@pytest.mark.parametrize("name", _norm_variants())
+def test_every_norm_rule_variant(name):
+    module = h200.variant(name).module(name)
+    K = module.HEAD_K_DIM
+    problem = Problem(
+        batch=4, tokens=3, HV=32, K=K, V=K, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE,
+        pool_size=9, padded_rows=(2,), seed=7,
+    )  # fmt: skip
+    run_norm_and_check(h200.variant(name), problem)
+
+
+def test_z_as_a_strided_view_of_the_projection():
+    problem = Problem(batch=6, tokens=2, HV=32, pool_size=8, seed=11)
+    run_norm_and_check(h200.gdn_decode, problem, z_view=True)
+
+
+def test_large_eps_and_zero_state_rows():
+    # eps comparable to mean(o^2) changes the scale: checks eps is added inside the root.
+    problem = Problem(batch=4, HV=32, pool_size=6, padded_rows=(3,), seed=5)
+    run_norm_and_check(h200.gdn_decode, problem, eps=0.5)
+
+
+def test_graph_replay_with_new_inputs():
+    problem = Problem(batch=8, tokens=1, HV=32, pool_size=12, seed=21)
+    args = problem.make("cuda")
+    z, weight = norm_inputs(problem)
+    out = torch.empty(8, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    call = dict(args, output=out, z=z, norm_weight=weight)
+    h200.gdn_decode.prepare(**{k: v for k, v in call.items()})
+    pool = state_of(args)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        h200.gdn_decode(**call)  # warm, outside the capture
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    fresh = problem.with_(seed=22).make("cuda")
+    z2, _ = norm_inputs(problem.with_(seed=22))
+    with torch.cuda.graph(graph):
+        h200.gdn_decode(**call)
+    # New contents in the captured tensors: the replay must read them.
+    for name in ("q", "k", "v", "a", "b"):
+        args[name].copy_(fresh[name])
+    z.copy_(z2)
+    pool_before = pool.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_decode(
+        args["q"], args["k"], args["v"], pool_before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], read_slots=args["initial_state_indices"],
+    )  # fmt: skip
+    normed = gated_rmsnorm(ref.output, z, weight, eps=1e-6)
+    assert_close("replayed normed output", out, normed, torch.bfloat16)
