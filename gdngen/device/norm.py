@@ -21,6 +21,9 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .lanes import WARP, butterfly_offsets
 
+#: XOR offsets of a butterfly over a whole warp
+WARP_BUTTERFLY = butterfly_offsets(WARP)
+
 
 @cute.jit
 def sum_over_head(
@@ -33,11 +36,9 @@ def sum_over_head(
     """``squares``: a register tensor of ``tokens`` per-thread partial sums (zero on threads
     that hold no output of their own). Fills ``total`` (as many) with the head's sums, the same
     in every thread of the cluster. Every thread of the CTA must call it."""
-    for offset in cutlass.range_constexpr(len(butterfly_offsets(WARP))):
+    for offset in WARP_BUTTERFLY:
         for t in cutlass.range_constexpr(tokens):
-            squares[t] += cute.arch.shuffle_sync_bfly(
-                squares[t], offset=butterfly_offsets(WARP)[offset]
-            )
+            squares[t] += cute.arch.shuffle_sync_bfly(squares[t], offset=offset)
     smem = cutlass.memory.SmemAllocator()
     warp_sums = smem.allocate_tensor(
         Float32, cute.make_layout((tokens, threads // WARP), stride=(threads // WARP, 1)), 16
