@@ -59,9 +59,11 @@ def test_a_valid_norm_call_is_checked_into_the_call():
         (dict(norm_eps="1e-6"), TypeError, ["norm_eps: expected a float; got str"]),
         (dict(norm_activation="gelu"), ValueError,
          ["norm_activation: expected one of ('silu', 'sigmoid'); got 'gelu'"]),
+        (dict(norm_weight=torch.ones(V + 1, dtype=torch.bfloat16)[1:]), ValueError,
+         ["norm_weight: data pointer must be 16-byte aligned"]),
     ],
     ids=["no_weight", "no_z", "z_shape", "z_dtype", "z_strided", "weight_shape", "weight_dtype",
-         "eps_zero", "eps_type", "activation"],
+         "eps_zero", "eps_type", "activation", "weight_misaligned"],
 )  # fmt: skip
 def test_bad_norm_arguments_name_the_argument(changes, exc, fragments):
     raises(exc, norm_args(**changes), *fragments)
@@ -96,6 +98,22 @@ def test_norm_rules_need_the_feature_and_a_kernel_with_the_epilogue():
         spec.model_validate(dump)
 
 
+def test_gated_norm_only_kernels_stay_out_of_the_tuning_and_of_plain_calls():
+    spec = load_spec(SPEC_PATH)
+    norm_only = [v for v in spec.variants if v.gated_norm_only]
+    assert norm_only, "the shipped spec keeps whole-head kernels for the norm"
+    for variant in norm_only:
+        assert variant not in spec.tuning_candidates(variant.layout, variant.state_dtype)
+    # A rule that also serves plain calls may not name one.
+    dump = spec.model_dump()
+    index = next(i for i, rule in enumerate(dump["dispatch"]) if not rule["gated_norm"])
+    name = norm_only[0].name_for(spec.sm)
+    rule = dump["dispatch"][index]
+    rule.update(layout=norm_only[0].layout, state_dtype=norm_only[0].state_dtype, use=name)
+    with pytest.raises(ValueError, match=rf"dispatch\[{index}\]\.use: {name} is `gated_norm_only`"):
+        spec.model_validate(dump)
+
+
 def test_which_kernels_have_the_epilogue():
     stepwise = Variant(
         layout="k_last", state_dtype="bf16", tile_v=16, ilp=4, vec=8, threads_per_group=16
@@ -110,6 +128,8 @@ def test_which_kernels_have_the_epilogue():
     "target,variant,K,T",
     [
         ("h200", "kl_bf16_tv64_ilp8_vec8_tpg16_sm90", 128, 2),
+        ("h200", "kl_bf16_tv128_ilp8_vec8_tpg16_sm90", 128, 8),
+        ("h200", "kl_fp32_tv16_ilp4_vec4_tpg32_pre_sm90", 128, 4),
         ("h200", "vl_fp32_tv16_ilp4_vec8_tpg16_sm90", 128, 1),
         ("h200", "kl_fp32_tv32_ilp4_vec4_tpg32_ks2_sm90", 256, 3),
         ("b200", "kl_fp32_tv16_ilp4_vec4_tpg32_sm100", 128, 2),

@@ -5,6 +5,7 @@ signature the call path keys on, and warm-up (docs/design.md, "Architecture").""
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,21 @@ def test_the_toolchain_versions_change_the_entry(monkeypatch):
         lambda: {"nvidia-cutlass-dsl": "9.9", "apache-tvm-ffi": "1"},
     )
     assert entry_name(fingerprint(KEY, "a" * 16)) != base
+
+
+def test_an_edited_device_helper_changes_the_entry(monkeypatch, tmp_path):
+    base = entry_name(fingerprint(KEY, "a" * 16))
+    helpers = tmp_path / "device"
+    shutil.copytree(kernel_dir.DEVICE_HELPERS, helpers)
+    monkeypatch.setattr(kernel_dir, "DEVICE_HELPERS", helpers)
+    kernel_dir.device_helpers_sha256.cache_clear()
+    try:
+        assert entry_name(fingerprint(KEY, "a" * 16)) == base  # same sources, same entry
+        kernel_dir.device_helpers_sha256.cache_clear()
+        (helpers / "norm.py").write_text((helpers / "norm.py").read_text() + "\n# edited\n")
+        assert entry_name(fingerprint(KEY, "a" * 16)) != base
+    finally:
+        kernel_dir.device_helpers_sha256.cache_clear()
 
 
 def test_module_hash_is_read_from_the_header_without_importing():

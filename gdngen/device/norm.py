@@ -1,12 +1,23 @@
-"""Trace-time helpers of the gated RMSNorm epilogue (docs/design.md, "The fused decode core").
+"""Device helpers of the gated RMSNorm epilogue (docs/design.md, "The gated RMSNorm epilogue").
 
 The norm of a token's output needs the sum of squares over all V rows of its value head, and a
 CTA holds TILE_V of them. The head's V // TILE_V CTAs form one thread-block cluster (the grid's
-x dimension is exactly that, so a cluster is one (value head, row)); each CTA adds its rows'
-squares (warp butterflies, then one shared-memory slot per warp) and reads every peer's CTA sum
-through distributed shared memory. With TILE_V == V the cluster is one CTA and no cluster
-barrier is spent. Every thread of every CTA adds the same numbers in the same order, so the
-head's CTAs agree bit for bit on the scale of each token.
+x dimension is exactly that, so a cluster is one (value head, row)).
+
+The kernel folds everything but the inverse RMS into each output as it comes (o * weight *
+act(z), kept in registers), and adds its rows' squares per token. After the token loop:
+
+1. ``publish_head_squares``: each warp's sums (a butterfly) go from its lane 0 into slot
+   (token, rank, warp) of every CTA of the cluster (stores into distributed shared memory),
+   then the CTA arrives on the cluster barrier with release semantics;
+2. the kernel stores its state: the peers' sums travel meanwhile;
+3. ``gather_head_squares``: the wait acquires every peer's stores, and each thread adds its own
+   CTA's slots in one fixed order, so every CTA of the head gets the same scale bit for bit.
+
+Nobody reads another CTA's shared memory, so no second barrier keeps a CTA alive for its peers.
+A write into a peer needs the peer running: ``announce_start`` arrives (relaxed) at the kernel's
+start and ``publish_head_squares`` waits on that phase first, long after every peer arrived.
+With TILE_V == V the cluster is one CTA and a CTA barrier takes the cluster barrier's place.
 
 ``activate`` is the gate's activation: ``silu(z) = z * sigmoid(z)``, or ``sigmoid(z)``.
 """
@@ -17,7 +28,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import AddressSpace, Float32, Int32
 from cutlass._mlir.dialects import llvm, nvvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 
 from .lanes import WARP, butterfly_offsets
 
@@ -25,57 +36,104 @@ from .lanes import WARP, butterfly_offsets
 WARP_BUTTERFLY = butterfly_offsets(WARP)
 
 
+def head_square_slots(tokens: int, threads: int, cluster: int) -> cute.Tensor:
+    """This CTA's shared-memory slots of the head's per-warp sums: (token, rank, warp), the
+    (rank, warp) mode contiguous so that a token's sums are read in one sweep."""
+    warps = threads // WARP
+    layout = cute.make_layout((tokens, cluster, warps), stride=(cluster * warps, warps, 1))
+    return cutlass.memory.SmemAllocator().allocate_tensor(Float32, layout, 16)
+
+
+#: widths of one cp.async copy, in bits
+ASYNC_COPY_BITS = (32, 64, 128)
+
+
 @cute.jit
-def sum_over_head(
+def stage_rows(src: cute.Tensor, dst: cute.Tensor):
+    """Start copying ``src`` (a lane's contiguous global elements) into ``dst`` (shared memory,
+    same element type): cp.async in the widest chunks that divide the row (cute.arch.
+    cp_async_commit_group / cp_async_wait_group complete it). Rows under 32 bits, which cp.async
+    cannot move, are copied through registers."""
+    row_bits = cute.size(src) * src.element_type.width
+    if cutlass.const_expr(row_bits < ASYNC_COPY_BITS[0]):
+        dst.store(src.load())
+    else:
+        bits = max(b for b in ASYNC_COPY_BITS if row_bits % b == 0)
+        chunk = bits // src.element_type.width
+        atom = cute.make_copy_atom(
+            cute.nvgpu.cpasync.CopyG2SOp(), src.element_type, num_bits_per_copy=bits
+        )
+        src_chunks = cute.zipped_divide(src, (chunk,))
+        dst_chunks = cute.zipped_divide(dst, (chunk,))
+        for c in cutlass.range_constexpr(cute.size(src) // chunk):
+            cute.copy(atom, src_chunks[None, c], dst_chunks[None, c])
+
+
+@cute.jit
+def announce_start(cluster: cutlass.Constexpr[int]):
+    """Arrive (relaxed) on the cluster barrier: this CTA runs, so peers may write into its
+    shared memory once the phase completes. Every thread calls it, before any other arrive."""
+    if cutlass.const_expr(cluster > 1):
+        cute.arch.cluster_arrive_relaxed()
+
+
+@cute.jit
+def publish_head_squares(
     squares: cute.Tensor,
+    slots: cute.Tensor,
+    tokens: cutlass.Constexpr[int],
+    cluster: cutlass.Constexpr[int],
+):
+    """``squares``: ``tokens`` per-thread partial sums (zero on threads that hold no output of
+    their own). Writes each warp's sums into ``slots`` of every CTA of the cluster and arrives.
+    Every thread of the CTA calls it; ``gather_head_squares`` completes it."""
+    for offset in WARP_BUTTERFLY:
+        for t in cutlass.range_constexpr(tokens):
+            squares[t] += cute.arch.shuffle_sync_bfly(squares[t], offset=offset)
+    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    if cutlass.const_expr(cluster > 1):
+        # The start phase: every peer runs (it arrived at its start, long ago).
+        cute.arch.cluster_wait()
+        if cute.arch.lane_idx() == 0:
+            rank = cute.arch.block_idx_in_cluster()
+            for t in cutlass.range_constexpr(tokens):
+                own_slot = slots.iterator + cute.crd2idx((t, rank, warp), slots.layout)
+                for peer in cutlass.range_constexpr(cluster):
+                    store_to_peer(own_slot, peer, squares[t])
+        # Release: the stores above reach every peer before its wait returns.
+        cute.arch.cluster_arrive()
+    else:
+        if cute.arch.lane_idx() == 0:
+            for t in cutlass.range_constexpr(tokens):
+                slots[t, 0, warp] = squares[t]
+
+
+@cute.jit
+def gather_head_squares(
+    slots: cute.Tensor,
     total: cute.Tensor,
     tokens: cutlass.Constexpr[int],
     threads: cutlass.Constexpr[int],
     cluster: cutlass.Constexpr[int],
 ):
-    """``squares``: a register tensor of ``tokens`` per-thread partial sums (zero on threads
-    that hold no output of their own). Fills ``total`` (as many) with the head's sums, the same
-    in every thread of the cluster. Every thread of the CTA must call it."""
-    for offset in WARP_BUTTERFLY:
-        for t in cutlass.range_constexpr(tokens):
-            squares[t] += cute.arch.shuffle_sync_bfly(squares[t], offset=offset)
-    smem = cutlass.memory.SmemAllocator()
-    warp_sums = smem.allocate_tensor(
-        Float32, cute.make_layout((tokens, threads // WARP), stride=(threads // WARP, 1)), 16
-    )
-    warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-    if cute.arch.lane_idx() == 0:
-        for t in cutlass.range_constexpr(tokens):
-            warp_sums[t, warp] = squares[t]
-    cute.arch.barrier()
-    for t in cutlass.range_constexpr(tokens):
-        total[t] = warp_sums[t, 0]
-        for w in cutlass.range_constexpr(1, threads // WARP):
-            total[t] += warp_sums[t, w]
+    """Fills ``total`` (``tokens`` entries) with the head's sums of squares, the same in every
+    thread of the cluster: waits for every CTA's ``publish_head_squares``, then adds the slots."""
     if cutlass.const_expr(cluster > 1):
-        cta_sums = smem.allocate_tensor(Float32, cute.make_layout((tokens,)), 16)
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 0:
-            for t in cutlass.range_constexpr(tokens):
-                cta_sums[t] = total[t]
-        # Arrive releases this CTA's sums, wait acquires every peer's.
-        cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
-        for t in cutlass.range_constexpr(tokens):
-            total[t] = Float32(0.0)
+    else:
+        cute.arch.barrier()
+    for t in cutlass.range_constexpr(tokens):
+        total[t] = Float32(0.0)
         for rank in cutlass.range_constexpr(cluster):
-            for t in cutlass.range_constexpr(tokens):
-                total[t] += load_from_peer((cta_sums.iterator + t), rank)
-        # A CTA's shared memory must outlive its peers' reads of it.
-        cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
+            for w in cutlass.range_constexpr(threads // WARP):
+                total[t] += slots[t, rank, w]
 
 
 @dsl_user_op
-def load_from_peer(smem_ptr, rank, *, loc=None, ip=None) -> Float32:
-    """The fp32 at ``smem_ptr`` (this CTA's shared memory) in the shared memory of the cluster's
-    CTA ``rank``: ld.shared::cluster through the address mapa gives (CuTe's tensors do not load
-    from distributed shared memory)."""
+def store_to_peer(smem_ptr, rank, value, *, loc=None, ip=None) -> None:
+    """Store the fp32 ``value`` at ``smem_ptr`` (an address of this CTA's shared memory) in the
+    shared memory of the cluster's CTA ``rank``: st.shared::cluster through the address mapa
+    gives (CuTe's tensors do not store into distributed shared memory)."""
     remote = nvvm.mapa(
         llvm.PointerType.get(AddressSpace.dsmem),
         smem_ptr.to_llvm_ptr(loc=loc, ip=ip),
@@ -83,10 +141,14 @@ def load_from_peer(smem_ptr, rank, *, loc=None, ip=None) -> Float32:
         loc=loc,
         ip=ip,
     )
-    return Float32(llvm.load(T.f32(), remote, loc=loc, ip=ip))
+    llvm.store(Float32(value).ir_value(loc=loc, ip=ip), remote, loc=loc, ip=ip)
 
 
 def activate(z, activation: str):
-    """The gate's activation of one fp32 value (``activation`` is known at trace time)."""
-    sigmoid = 1.0 / (1.0 + cute.math.exp(-z))
+    """The gate's activation of one fp32 value (``activation`` is known at trace time). The
+    reciprocal is the approximate one (one MUFU instruction, within 1 ulp of fp32, far under the
+    bf16/fp16 output's rounding): the IEEE-rounded one costs ten-odd instructions with a slow
+    path, and T * ILP of them, unrolled, pushed a T = 8 kernel out of the instruction cache (on an
+    H100, 2.3x slower). exp(-z) = inf gives a gate of 0."""
+    sigmoid = cute.arch.rcp_approx(1.0 + cute.math.exp(-z))
     return z * sigmoid if activation == "silu" else sigmoid

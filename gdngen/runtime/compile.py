@@ -186,8 +186,8 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
     z = norm_weight = None
     if key.norm_activation is not None:
         z = token_rows(HV, V)
-        weight_bytes = ELEMENT_BYTES[key.norm_weight_dtype]
-        norm_weight = compact(key.norm_weight_dtype, (V,), weight_bytes)
+        # 16-byte aligned: the epilogue stages it into shared memory with cp.async.
+        norm_weight = compact(key.norm_weight_dtype, (V,), VECTOR_ALIGN)
     return [
         token_rows(H, K),  # q
         token_rows(H, K),  # k

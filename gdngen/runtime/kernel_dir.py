@@ -4,8 +4,9 @@ Both are a :class:`KernelDir`: one shared library per compiled kernel (CuTe DSL'
 ``export_to_c`` object, linked with the system C compiler against the CuTe DSL runtime and
 TVM-FFI), loaded back with ``tvm_ffi.load_module`` without the CuTe DSL compiler, beside a JSON
 record of what it is. An entry's name is a fingerprint of everything that shaped it: every
-compile-time input (the CompileKey, arch included), the content hash of the generated kernel
-module, the CuTe DSL and TVM-FFI versions and this format's version. An entry of other generated
+compile-time input (the CompileKey, arch included), the content hashes of the generated kernel
+module and of the device helpers it imports (gdngen/device), the CuTe DSL and TVM-FFI versions
+and this format's version. An entry of other generated
 code or another CuTe DSL is therefore never found, let alone loaded; an entry whose record does
 not match its name, or whose library does not match the record's hash (truncated, foreign), is
 ignored with a warning and rebuilt (docs/design.md, "Architecture").
@@ -80,6 +81,21 @@ def toolchain_versions() -> dict[str, str | None]:
     }
 
 
+#: the device helpers every kernel module traces through (gdngen/device): part of each kernel
+DEVICE_HELPERS = Path(__file__).resolve().parent.parent / "device"
+
+
+@cache
+def device_helpers_sha256() -> str:
+    """A hash of the device helpers' sources (gdngen/device/*.py): a kernel module imports them,
+    so they shape its binary as much as the module itself, and an edited helper must never meet
+    a binary built from the old one."""
+    digest = hashlib.sha256()
+    for path in sorted(DEVICE_HELPERS.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 @cache
 def module_content_sha256(module_name: str) -> str:
     """The content hash a generated module's header carries (gdngen.emit.render), read from its
@@ -115,6 +131,7 @@ def fingerprint(key: CompileKey, module_sha256: str) -> dict:
         "format": FORMAT,
         "key": dataclasses.asdict(key),
         "module_sha256": module_sha256,
+        "device_helpers_sha256": device_helpers_sha256(),
         "versions": toolchain_versions(),
     }
 

@@ -71,6 +71,7 @@ def check_gated_norm(
     _dims("norm_weight", norm_weight, (V,), "[V]")
     if norm_weight.stride(0) != 1:
         raise ValueError(f"norm_weight: must be contiguous; got stride {norm_weight.stride(0)}")
+    _aligned("norm_weight", norm_weight, 1, outer_dims=0)
     for name, tensor in (("z", z), ("norm_weight", norm_weight)):
         if tensor.device != q.device:
             raise ValueError(f"{name}: expected a tensor on {q.device} (as q); got {tensor.device}")

@@ -139,6 +139,10 @@ class Variant(_Strict):
     #: cache operator of the state's stores, pool and per-token cache alike (st.global.wb / .cg
     #: / .cs): ``streaming`` marks the written lines evict-first
     state_store_cache: StoreCache = "write_back"
+    #: a kernel kept for calls with the gated RMSNorm epilogue only (e.g. one CTA a head, no
+    #: cluster): the tuning, which times the recurrence alone, leaves it out, and only rules with
+    #: ``gated_norm: true`` may use it. The kernel's code does not change, nor does its name.
+    gated_norm_only: bool = False
 
     # -- derived numbers (the templates read these; they never compute them) --------------------
 
@@ -609,8 +613,15 @@ class Spec(_Strict):
     def _check_rules_fit_calls(self) -> None:
         """Every call the static rules can route must land on a variant built for its head dims
         (K = the variant's k_splits * threads_per_group * vec, V a multiple of its tile_v) and,
-        for a call with the gated RMSNorm epilogue, a variant that has it."""
+        for a call with the gated RMSNorm epilogue, a variant that has it; a `gated_norm_only`
+        variant serves those calls only."""
         by_name = self.variants_by_name
+        for index, rule in enumerate(self.dispatch):
+            if by_name[rule.use].gated_norm_only and rule.gated_norm is not True:
+                raise ValueError(
+                    f"dispatch[{index}].use: {rule.use} is `gated_norm_only`, but the rule also "
+                    "serves calls without the gated RMSNorm; give the rule `gated_norm: true`"
+                )
         for shape in boundary_shapes(
             self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.norms
         ):
@@ -657,6 +668,7 @@ class Spec(_Strict):
             for v in self.variants
             if (v.layout, v.state_dtype) == (layout, state_dtype)
             and (head_dims is None or v.serves_head_dims(*head_dims))
+            and not v.gated_norm_only
         ]
 
     @property
