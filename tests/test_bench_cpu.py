@@ -254,3 +254,21 @@ def test_source_commit_says_when_the_tree_differs_from_the_commit(tmp_path):
     assert clean and len(clean) >= 7 and not clean.endswith("-dirty")
     (tmp_path / "kernel.py").write_text("A = 2\n")
     assert source_commit(cwd=str(tmp_path)) == f"{clean}-dirty"
+
+
+def test_the_startup_bench_report_adds_up_the_workers(tmp_path):
+    from gdngen.bench import startup
+
+    compile(startup.WORKER.format(target="h200", problems=startup.PROBLEMS), "worker", "exec")
+    assert startup.check_entries(tmp_path) == {"count": 0, "whole": 0}
+    (tmp_path / "kl_x").mkdir()
+    (tmp_path / "kl_x" / "entry.json").write_text('{"fingerprint": {"key": {"variant": "kl_x"}}}')
+    assert startup.check_entries(tmp_path) == {"count": 1, "whole": 0}  # no library: not whole
+    runs = [
+        dict(processes=2, entries=dict(count=2, whole=2), workers=[
+            dict(gpu=0, seconds=13.0, sources={"compiled": 2}, error=1e-3),
+            dict(gpu=1, seconds=14.5, sources={"cache": 2}, error=2e-3),
+        ]),
+    ]  # fmt: skip
+    row = startup.markdown(runs, dict(gpu="H200", gpus=2)).splitlines()[-1]
+    assert row == "| 2 | 14.5 | 13.0, 14.5 | 2 | 2 | 2 (2) | 2.00e-03 |"

@@ -17,12 +17,17 @@ steps (>= T), every tensor's device index and the options. When the kernel refus
 the full checks run and raise their error, which names the argument; nothing has been launched.
 Nothing here synchronises with the GPU, and the only per-call allocation is the output tensor
 when the caller passes none.
+
+Every launch runs on the tensors' device, whichever device is current: if it is another, the
+tensors' device is made current for the planning (compile and load) and the launch (docs/design.md,
+"Architecture").
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
@@ -52,6 +57,14 @@ def device_arch(device: torch.device) -> str:
         major, minor = torch.cuda.get_device_capability(index)
         arch = _device_arch[index] = f"sm_{major}{minor}a"
     return arch
+
+
+def launch_device(q):
+    """A context making q's CUDA device current (nothing to do when it already is, or when q is
+    not a CUDA tensor: the checks then say what is wrong)."""
+    if isinstance(q, torch.Tensor) and q.is_cuda and q.get_device() != torch.cuda.current_device():
+        return torch.cuda.device(q.device)
+    return nullcontext()
 
 
 def call_key(
@@ -242,7 +255,8 @@ class DecodeCall:
             key, plan = None, None
         known = plan is not None
         if not known:
-            plan = self._plan(self._arguments(locals()))
+            with launch_device(q):
+                plan = self._plan(self._arguments(locals()))
             if key is not None:
                 with self._lock:
                     if len(self._plans) >= MAX_SIGNATURES:
@@ -254,13 +268,20 @@ class DecodeCall:
                 (*q.shape[:2], *plan.head_shape), dtype=plan.output_dtype, device=plan.device
             )
             returned = output if squeeze is None else output.squeeze(squeeze)
+        arguments = (
+            q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices, output_state_indices,
+            num_accepted_tokens, cu_seqlens, intermediate_state_indices, output,
+            intermediate_states_buffer, z, norm_weight, plan.scale, plan.norm_eps,
+        )  # fmt: skip
         try:
-            plan.kernel(
-                q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices,
-                output_state_indices, num_accepted_tokens, cu_seqlens,
-                intermediate_state_indices, output, intermediate_states_buffer, z, norm_weight,
-                plan.scale, plan.norm_eps,
-            )  # fmt: skip
+            if torch.cuda.current_device() == plan.device.index:
+                plan.kernel(*arguments)
+            else:
+                # A kernel launches into the current device's context: make the tensors' device
+                # current for the launch (the stream is already theirs: TVM-FFI takes the
+                # current stream of the tensors' device).
+                with torch.cuda.device(plan.device):
+                    plan.kernel(*arguments)
         except (ValueError, TypeError):
             if known:  # the kernel refused an argument before launching: the checks say which
                 self._plan(self._arguments(locals()))
@@ -314,7 +335,8 @@ class DecodeCall:
                 q=views.q, k=views.k, v=views.v, a=views.a, b=views.b, output=views.output,
                 z=views.z,
             )  # fmt: skip
-        return self._plan(arguments).variant
+        with launch_device(q):
+            return self._plan(arguments).variant
 
     def signatures(self) -> int:
         """How many call signatures this call has planned (tests use it)."""

@@ -11,17 +11,20 @@ def as_k_last(state: torch.Tensor, layout: str) -> torch.Tensor:
     return state if layout == "k_last" else state.transpose(-1, -2)
 
 
-def run_and_check(call, problem: Problem, *, pass_output: bool = True) -> None:
-    args = problem.make("cuda")
+def run_and_check(call, problem: Problem, *, pass_output: bool = True, device="cuda") -> None:
+    """``device``: where the problem's tensors live (the current device may be another)."""
+    args = problem.make(device)
     pool = state_of(args)
     pool_before = pool.clone()
     cache = args.get("intermediate_states_buffer")
     io = TORCH_DTYPES[problem.io_dtype]
     B, T, HV, V = problem.batch, problem.tokens, problem.HV, problem.V
-    output = torch.full((B, T, HV, V), float("nan"), dtype=io, device="cuda") if pass_output else None
+    output = (
+        torch.full((B, T, HV, V), float("nan"), dtype=io, device=device) if pass_output else None
+    )
 
     out, returned = call(**args, output=output)
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
 
     assert returned is pool, "gdn_decode must return the state it updated in place"
     if pass_output:
@@ -39,22 +42,29 @@ def run_and_check(call, problem: Problem, *, pass_output: bool = True) -> None:
 
     state_dtype = TORCH_DTYPES[problem.state_dtype]
     if args["state"] is not None:
-        writes = torch.arange(B, device="cuda")
+        writes = torch.arange(B, device=device)
     else:
         slots = args.get("output_state_indices", args["initial_state_indices"])
         writes = slots.long()
-    touched = torch.zeros(pool.shape[0], dtype=torch.bool, device="cuda")
+    touched = torch.zeros(pool.shape[0], dtype=torch.bool, device=device)
     if not problem.disable_state_update:
         written = writes[live]
         touched[written] = True
         assert_close(
-            "final state", as_k_last(pool[written], problem.layout), ref.final_state[live], state_dtype
+            "final state",
+            as_k_last(pool[written], problem.layout),
+            ref.final_state[live],
+            state_dtype,
         )
-    assert torch.equal(pool[~touched], pool_before[~touched]), "a slot the call does not own changed"
+    assert torch.equal(
+        pool[~touched], pool_before[~touched]
+    ), "a slot the call does not own changed"
 
     if cache is not None:
         got = as_k_last(cache[live, :T], problem.layout)
         assert_close("intermediate states", got, ref.intermediates[live], state_dtype)
         beyond = cache[:, T:]
         assert torch.isnan(beyond.float()).all(), "cache entries past T were written"
-        assert torch.isnan(cache[~live].float()).all(), "cache rows of padded batch rows were written"
+        assert torch.isnan(
+            cache[~live].float()
+        ).all(), "cache rows of padded batch rows were written"
