@@ -133,6 +133,7 @@ def test_which_kernels_have_the_epilogue():
         ("h200", "vl_fp32_tv16_ilp4_vec8_tpg16_sm90", 128, 1),
         ("h200", "kl_fp32_tv32_ilp4_vec4_tpg32_ks2_sm90", 256, 3),
         ("b200", "kl_fp32_tv16_ilp4_vec4_tpg32_sm100", 128, 2),
+        ("b200", "kl_bf16_tv128_ilp8_vec8_tpg16_pfma_sm100", 128, 1),
         ("b300", "vl_bf16_tv128_ilp4_vec16_tpg8_pfma_sm103", 128, 1),
         ("rtx_blackwell", "kl_bf16_tv32_ilp2_vec8_tpg32_sm120", 256, 2),
         ("dgx_spark", "vl_fp32_tv32_ilp4_vec8_tpg32_sm121", 256, 1),
