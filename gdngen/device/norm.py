@@ -4,8 +4,10 @@ The norm of a token's output needs the sum of squares over all V rows of its val
 CTA holds TILE_V of them. The head's V // TILE_V CTAs form one thread-block cluster (the grid's
 x dimension is exactly that, so a cluster is one (value head, row)).
 
-The kernel folds everything but the inverse RMS into each output as it comes (o * weight *
-act(z), kept in registers), and adds its rows' squares per token. After the token loop:
+Each token's outputs wait in shared memory, folded with weight and gate as they come at T = 1
+(at T > 1 the fold comes at the end, with z staged by ``stage_rows``), and the kernel adds its
+rows' squares per token. So only the inverse RMS, one scalar per token, waits for the head.
+After the token loop:
 
 1. ``publish_head_squares``: each warp's sums (a butterfly) go from its lane 0 into slot
    (token, rank, warp) of every CTA of the cluster (stores into distributed shared memory),
