@@ -19,6 +19,8 @@ IndexDtype = Literal["int32", "int64"]
 Intermediate = Literal["any", "yes", "no"]
 #: the activations of the gate z in the gated RMSNorm epilogue: silu(z) = z * sigmoid(z), sigmoid
 NORM_ACTIVATIONS = ("silu", "sigmoid")
+#: the conv1d prologue's activations ("identity": none)
+CONV_ACTIVATIONS = ("silu", "identity")
 #: the most CTAs a thread-block cluster may have on every SM target without a non-portable
 #: opt-in: the gated RMSNorm epilogue's CTAs of one head form a cluster (gdngen.device.norm)
 PORTABLE_CLUSTER = 8

@@ -86,7 +86,11 @@ def test_norm_rules_need_the_feature_and_a_kernel_with_the_epilogue():
         spec.model_validate(
             {
                 **spec.model_dump(),
-                "features": {**spec.features.model_dump(), "gated_rmsnorm": False},
+                "features": {
+                    **spec.features.model_dump(),
+                    "gated_rmsnorm": False,
+                    "conv1d_widths": [],
+                },
             }
         )
     # A norm rule naming a staged kernel (no epilogue) is refused, naming the rule.

@@ -93,7 +93,7 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     comments = Counter({line: n for line, n in new.items() if line.startswith("#")})
     assert new - comments == expected, new - comments
     assert sum(comments.values()) == 3, comments
-    # and the diff a reviewer reads is that small: the moved loads (about 26 lines, shown as
-    # removed and added where difflib cannot align them across the epilogue's T = 1 z load,
-    # which stays in the loop) and the lists
-    assert len(changed_code_lines(plain, preloaded)) < 80
+    # and the diff a reviewer reads is that small: the moved loads (about 34 lines with the
+    # conv prologue's shared-memory branch, shown as removed and added where difflib cannot
+    # align them across the epilogue's T = 1 z load, which stays in the loop) and the lists
+    assert len(changed_code_lines(plain, preloaded)) < 100

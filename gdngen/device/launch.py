@@ -14,7 +14,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32
 
-from gdngen.terms import NORM_ACTIVATIONS, PORTABLE_CLUSTER
+from gdngen.terms import CONV_ACTIVATIONS, NORM_ACTIVATIONS, PORTABLE_CLUSTER
 
 
 def decode_launcher(
@@ -28,10 +28,12 @@ def decode_launcher(
     min_ctas_per_sm: int = 0,
 ):
     """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
-    cu_seqlens, cache_rows, out, cache, z, norm_weight, scale, norm_eps, T, use_qk_l2norm,
-    write_final_state, null_slot, per_token_slots, norm_activation, stream)`` for
-    ``decode_kernel``; ``gated_norm``: whether the kernel has the gated RMSNorm epilogue (``z``
-    and ``norm_weight`` None without it); with ``min_ctas_per_sm``, launch bounds that fit that
+    cu_seqlens, cache_rows, out, cache, z, norm_weight, conv_state, conv_weight, conv_bias,
+    conv_arrivals, scale, norm_eps, T, use_qk_l2norm, write_final_state, null_slot,
+    per_token_slots, norm_activation, conv_activation, stream)`` for ``decode_kernel``;
+    ``gated_norm``: whether the kernel has the stepwise solve, and so the gated RMSNorm epilogue
+    (``z`` and ``norm_weight`` None without it) and the conv1d prologue (``conv_*`` None without
+    it); with ``min_ctas_per_sm``, launch bounds that fit that
     many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row per sequence, a dense
     one per batch row."""
 
@@ -54,6 +56,10 @@ def decode_launcher(
         cache,
         z,
         norm_weight,
+        conv_state,
+        conv_weight,
+        conv_bias,
+        conv_arrivals,
         scale: Float32,
         norm_eps: Float32,
         T: Constexpr[int],
@@ -62,6 +68,7 @@ def decode_launcher(
         null_slot: Constexpr[int],
         per_token_slots: Constexpr[bool],
         norm_activation: Constexpr[str],
+        conv_activation: Constexpr[str],
         stream,
     ):
         num_v_heads = v.shape[2]
@@ -83,10 +90,20 @@ def decode_launcher(
                 raise ValueError(
                     f"norm_activation: expected one of {NORM_ACTIVATIONS}; got {norm_activation!r}"
                 )
+        if cutlass.const_expr(conv_state is not None):
+            if cutlass.const_expr(not gated_norm):
+                raise ValueError(
+                    f"{name} has no conv1d prologue: the prologue needs the stepwise solve"
+                )
+            if cutlass.const_expr(conv_activation not in CONV_ACTIVATIONS):
+                raise ValueError(
+                    f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
+                )
         kernel = decode_kernel(
             q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
             cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state,
-            null_slot, per_token_slots, z, norm_weight, norm_eps, norm_activation,
+            null_slot, per_token_slots, z, norm_weight, norm_eps, norm_activation, conv_state,
+            conv_weight, conv_bias, conv_arrivals, conv_activation,
         )  # fmt: skip
         rows = q.shape[0]
         if cutlass.const_expr(cu_seqlens is not None):

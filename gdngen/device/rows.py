@@ -14,6 +14,8 @@ returns plain DSL values and the kernel body reads the same names whatever the f
   state. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
   index (only reachable without the opt-in index check): the row outputs NaN, so that it shows,
   and touches no state either.
+- ``row_span``: where the row's tokens start and how many there are (the conv1d prologue's
+  state ends at the last).
 - ``token_slot``: with a per-token slot table, the slot receiving the state after token t.
 
 Slots are widened to 64 bits before they scale a stride: pool offsets pass 2^31.
@@ -47,6 +49,15 @@ def row_tokens(n64, T: int, cu_seqlens, total_tokens):
         token_at.append(_clamp(position, Int64(0), last))
         token_live.append(live)
     return Int64(0), token_at, token_live
+
+
+def row_span(n64, T: int, cu_seqlens):
+    """``(first, length)``: where the row's tokens start along dim 1 and how many there are;
+    plain ints (0, T) for a dense row."""
+    if cu_seqlens is None:
+        return 0, T
+    first = Int64(cu_seqlens[n64])
+    return first, Int64(cu_seqlens[n64 + 1]) - first
 
 
 @dataclass

@@ -137,6 +137,7 @@ def plan_target(
         "max_tokens": spec.features.max_tokens,
         "index_dtypes": list(spec.features.index_dtypes),
         "gated_rmsnorm": spec.features.gated_rmsnorm,
+        "conv1d_widths": list(spec.features.conv1d_widths),
         "served": [list(pair) for pair in spec.served],
         "spec": spec_path,
     }

@@ -16,6 +16,7 @@ import torch
 from .info import TargetInfo
 
 if TYPE_CHECKING:
+    from .conv_checks import ConvPrologue
     from .norm_checks import GatedNorm
 
 IO_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -63,6 +64,8 @@ class Call:
     total_tokens: int | None = None
     #: the gated RMSNorm epilogue (gdngen.runtime.norm_checks); None without it
     norm: GatedNorm | None = None
+    #: the conv1d prologue (gdngen.runtime.conv_checks); None without it
+    conv: ConvPrologue | None = None
 
     @property
     def norm_activation(self) -> str | None:
@@ -71,6 +74,13 @@ class Call:
     @property
     def norm_weight_dtype(self) -> str | None:
         return None if self.norm is None else self.norm.weight_dtype
+
+    @property
+    def fused(self) -> bool:
+        """The call fuses part of the decode core around the recurrence (the gated RMSNorm, the
+        conv1d, or both): the dispatch's ``gated_norm: true`` rules serve it, whose variants have
+        the stepwise solve both need (docs/design.md, "The fused decode core")."""
+        return self.norm is not None or self.conv is not None
 
     @property
     def batch_heads(self) -> int:
@@ -206,6 +216,10 @@ def check_call(
     norm_weight=None,
     norm_eps=1e-6,
     norm_activation="silu",
+    conv_state=None,
+    conv_weight=None,
+    conv_bias=None,
+    conv_activation="silu",
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first)."""
@@ -483,6 +497,17 @@ def check_call(
         info, z=z, norm_weight=norm_weight, norm_eps=norm_eps, norm_activation=norm_activation,
         q=q, token_dims=token_dims, lead=lead, HV=HV, V=V,
     )  # fmt: skip
+    from .conv_checks import check_conv
+
+    conv = check_conv(
+        info, conv_state=conv_state, conv_weight=conv_weight, conv_bias=conv_bias,
+        conv_activation=conv_activation, q=q, pool=pool, pool_name=pool_name, H=H, K=K, HV=HV,
+        V=V, refused={
+            "initial_state_indices": "a per-token slot table" if per_token_slots else None,
+            "output_state_indices": write_slots, "intermediate_states_buffer": cache_buffer,
+            "disable_state_update": disable_state_update,
+        },
+    )  # fmt: skip
 
     # -- devices -----------------------------------------------------------------------------------
     device = q.device
@@ -537,6 +562,7 @@ def check_call(
         cache_rows=cache_rows,
         total_tokens=total_tokens,
         norm=norm,
+        conv=conv,
     )
 
 

@@ -51,6 +51,12 @@ class CompileKey:
     #: activation ("silu" or "sigmoid") and the norm weight's dtype; None without the epilogue
     norm_activation: str | None = None
     norm_weight_dtype: str | None = None
+    #: the conv1d prologue (docs/design.md, "The conv1d prologue"): its width (taps), whether it
+    #: has a bias, its activation ("silu" or "identity"); None without the prologue. Its weight,
+    #: bias and state are in the io dtype
+    conv_width: int | None = None
+    conv_bias: bool = False
+    conv_activation: str | None = None
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call) -> "CompileKey":
@@ -78,6 +84,9 @@ class CompileKey:
             cache_rows=call.cache_rows is not None,
             norm_activation=call.norm_activation,
             norm_weight_dtype=call.norm_weight_dtype,
+            conv_width=None if call.conv is None else call.conv.width,
+            conv_bias=call.conv is not None and call.conv.bias is not None,
+            conv_activation=None if call.conv is None else call.conv.activation,
         )
 
     @property
@@ -188,6 +197,20 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         z = token_rows(HV, V)
         # 16-byte aligned: the epilogue stages it into shared memory with cp.async.
         norm_weight = compact(key.norm_weight_dtype, (V,), VECTOR_ALIGN)
+    conv_state = conv_weight = conv_bias = conv_arrivals = None
+    if key.conv_width is not None:
+        channels = 2 * H * K + HV * V
+        # Either layout engines use ([slots, D, W - 1] or its transpose's view): any strides.
+        conv_state = make_fake_tensor(
+            io,
+            (pool_size, channels, key.conv_width - 1),
+            (outer_stride(1), outer_stride(1), outer_stride(1)),
+            assumed_align=ELEMENT_BYTES[key.io_dtype],
+        )
+        conv_weight = compact(key.io_dtype, (channels, key.conv_width), VECTOR_ALIGN)
+        if key.conv_bias:
+            conv_bias = compact(key.io_dtype, (channels,), VECTOR_ALIGN)
+        conv_arrivals = compact("int32", (pool_size, H), 4)
     return [
         token_rows(H, K),  # q
         token_rows(H, K),  # k
@@ -206,6 +229,10 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         cache,
         z,
         norm_weight,
+        conv_state,
+        conv_weight,
+        conv_bias,
+        conv_arrivals,
         cutlass.Float32(1.0),  # scale (a run-time value)
         cutlass.Float32(1e-6),  # norm_eps (a run-time value)
         key.tokens,
@@ -214,6 +241,7 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         key.null_slot,
         key.per_token_slots,
         key.norm_activation or "silu",
+        key.conv_activation or "silu",
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
 

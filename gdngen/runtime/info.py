@@ -20,6 +20,8 @@ class TargetInfo:
     spec: str = ""
     #: the call takes the gated RMSNorm epilogue's z and norm_weight (features.gated_rmsnorm)
     gated_rmsnorm: bool = False
+    #: the conv1d prologue's widths (features.conv1d_widths); empty: no prologue
+    conv1d_widths: tuple[int, ...] = ()
 
     def add_to_spec(self, what: str) -> str:
         """How to make the target serve something: ``what`` to add, and the command after."""

@@ -38,10 +38,12 @@ from gdngen.terms import variant_pair
 
 from .checks import Call, check_call, check_index_values
 from .compile import CompileKey
+from .conv_checks import conv_weight_view
 from .info import TargetInfo
 from .store import kernel_for
 from .siblings import wrong_gpu_message
 from .views import kernel_views, needs_views
+from .workspace import conv_arrivals
 
 _device_arch: dict[int, str] = {}
 #: signatures remembered per call object; past this many the memory starts over (a server sees a
@@ -72,7 +74,8 @@ def call_key(
     initial_state_indices, output_state_indices, intermediate_states_buffer,
     disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
     num_accepted_tokens=None, intermediate_state_indices=None, z=None, norm_weight=None,
-    norm_eps=1e-6, norm_activation="silu",
+    norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None, conv_bias=None,
+    conv_activation="silu",
 ) -> tuple:  # fmt: skip
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
@@ -116,10 +119,19 @@ def call_key(
         ),
         None if z is None else (z.dtype, z.shape, z.stride(), z.get_device()),
         None if norm_weight is None else (norm_weight.dtype, norm_weight.get_device()),
+        None if conv_state is None else (
+            conv_state.dtype, conv_state.shape, conv_state.stride(), conv_state.get_device()
+        ),
+        None if conv_weight is None else (
+            conv_weight.dtype, conv_weight.shape, conv_weight.stride(), conv_weight.get_device()
+        ),
+        None if conv_bias is None else (
+            conv_bias.dtype, conv_bias.shape, conv_bias.stride(), conv_bias.get_device()
+        ),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
         disable_state_update, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
-        norm_activation,
+        norm_activation, conv_activation,
     )  # fmt: skip
 
 
@@ -136,6 +148,8 @@ class Plan:
     head_shape: tuple[int, int]
     output_dtype: torch.dtype
     device: torch.device
+    #: the conv1d prologue's reader counts (gdngen.runtime.workspace); None without it
+    conv_arrivals: torch.Tensor | None = None
 
 
 class DecodeCall:
@@ -148,7 +162,11 @@ class DecodeCall:
     With ``z`` (the gate, in the output's form) and ``norm_weight`` [V], the output is the gated
     RMSNorm of the recurrence's, ``o / sqrt(mean(o^2) + norm_eps) * norm_weight *
     norm_activation(z)`` per value head, fused into the kernel (targets with
-    ``features.gated_rmsnorm``).
+    ``features.gated_rmsnorm``). With ``conv_state`` [slots, D, W - 1] and ``conv_weight``
+    [D, W] (``conv_bias`` [D] optional, ``conv_activation`` "silu" or "identity"), q, k, v (or
+    ``mixed_qkv``) are taken before the causal conv1d, which the kernel applies, advancing its
+    state in place, slot for slot with the recurrent state (targets with
+    ``features.conv1d_widths``).
     """
 
     def __init__(
@@ -198,6 +216,7 @@ class DecodeCall:
             head_shape=(call.HV, call.V),
             output_dtype=arguments["q"].dtype,
             device=arguments["q"].device,
+            conv_arrivals=None if call.conv is None else conv_arrivals(call.conv.state, call.H),
         )
 
     def __call__(
@@ -231,6 +250,10 @@ class DecodeCall:
         norm_weight=None,
         norm_eps=1e-6,
         norm_activation="silu",
+        conv_state=None,
+        conv_weight=None,
+        conv_bias=None,
+        conv_activation="silu",
     ):
         returned = output
         squeeze = None
@@ -248,7 +271,8 @@ class DecodeCall:
                 initial_state, initial_state_indices, output_state_indices,
                 intermediate_states_buffer, disable_state_update, state_layout, null_slot,
                 cu_seqlens, max_seqlen, num_accepted_tokens, intermediate_state_indices, z,
-                norm_weight, norm_eps, norm_activation,
+                norm_weight, norm_eps, norm_activation, conv_state, conv_weight, conv_bias,
+                conv_activation,
             )  # fmt: skip
             plan = None if check_indices else self._plans.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
@@ -271,7 +295,9 @@ class DecodeCall:
         arguments = (
             q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices, output_state_indices,
             num_accepted_tokens, cu_seqlens, intermediate_state_indices, output,
-            intermediate_states_buffer, z, norm_weight, plan.scale, plan.norm_eps,
+            intermediate_states_buffer, z, norm_weight, conv_state,
+            conv_weight_view(conv_weight) if conv_weight is not None else None, conv_bias,
+            plan.conv_arrivals, plan.scale, plan.norm_eps,
         )  # fmt: skip
         try:
             if torch.cuda.current_device() == plan.device.index:
@@ -295,7 +321,8 @@ class DecodeCall:
         output_state_indices=None, intermediate_states_buffer=None, disable_state_update=False,
         state_layout="k_last", check_indices=False, null_slot=-1, cu_seqlens=None,
         max_seqlen=None, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
-        norm_weight=None, norm_eps=1e-6, norm_activation="silu",
+        norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None,
+        conv_weight=None, conv_bias=None, conv_activation="silu",
     )  # fmt: skip
 
     @classmethod

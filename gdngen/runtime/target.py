@@ -151,7 +151,7 @@ class Target:
     def _choose(self, call: Call) -> str:
         shape = CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads,
-            call.stores_token_states, (call.K, call.V), call.norm is not None,
+            call.stores_token_states, (call.K, call.V), call.fused,
         )  # fmt: skip
         return self._rule(self._device_table(call.pool.device), shape).use
 

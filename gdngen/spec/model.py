@@ -36,6 +36,8 @@ LOAD_BYTES = (8, 16)
 MAX_THREADS_PER_CTA = 1024
 #: fp32 registers a lane may spend on its state tile
 MAX_STATE_REGS = 128
+#: the widest causal conv1d the prologue serves (engines use 4)
+MAX_CONV_WIDTH = 8
 #: how a kernel walks the T tokens (see Variant.solve)
 Solve = Literal["stepwise", "staged"]
 #: cache operators of the state's loads and stores (CuTe's LoadCacheMode / StoreCacheMode),
@@ -373,6 +375,32 @@ class Features(_Strict):
     #: the gated RMSNorm epilogue (docs/design.md, "The fused decode core"): the call takes
     #: ``z`` and ``norm_weight``, and the dispatch needs rules with ``gated_norm: true``
     gated_rmsnorm: bool = False
+    #: the causal conv1d prologue (docs/design.md, "The conv1d prologue"): the call takes the
+    #: pre-convolution q, k, v (or mixed_qkv) with ``conv_state`` and ``conv_weight`` of one of
+    #: these widths (taps). Its calls take the fused-core rules (``gated_norm: true``)
+    conv1d_widths: tuple[int, ...] = ()
+
+    @field_validator("conv1d_widths")
+    @classmethod
+    def _widths(cls, widths: tuple[int, ...]) -> tuple[int, ...]:
+        for width in widths:
+            if not 2 <= width <= MAX_CONV_WIDTH:
+                raise ValueError(
+                    f"conv1d_widths: {width} is outside 2..{MAX_CONV_WIDTH} (a width-1 conv has "
+                    "no state; wider ones would keep more columns in registers than a lane holds)"
+                )
+        if len(set(widths)) != len(widths):
+            raise ValueError(f"conv1d_widths: {list(widths)} repeats a width")
+        return tuple(sorted(widths))
+
+    @model_validator(mode="after")
+    def _conv_needs_fused_rules(self) -> "Features":
+        if self.conv1d_widths and not self.gated_rmsnorm:
+            raise ValueError(
+                "conv1d_widths: the conv1d prologue's calls take the fused-core rules "
+                "(`gated_norm: true`), so it needs `gated_rmsnorm: true` as well"
+            )
+        return self
 
 
 class Tuning(_Strict):

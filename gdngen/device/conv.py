@@ -1,0 +1,237 @@
+"""Device helpers of the causal conv1d prologue (docs/design.md, "The conv1d prologue").
+
+With the prologue, the kernel's q, k and v are the engine's projections *before* its short
+depthwise convolution: channel c of token t becomes
+
+    act(bias[c] + sum_{w < W} weight[c, w] * window[c, t + w])
+
+with ``window`` the W - 1 columns the conv state keeps (oldest first), then the call's tokens.
+
+Before the token loop, the CTA convolves the channels it reads, once each: its key head's K
+channels of q and of k and its TILE_V rows of v, a thread a channel (``convolve``), for every
+token, into shared memory (``conv_outputs``); the token loop reads q, k, v there instead of from
+global memory. (Convolving in each lane the VEC columns it uses would repeat the q/k work in every
+group and held taps and windows in registers through the loop: 227 against 128 registers a
+thread for kl_bf16_tv64_ilp8 at T = 1.)
+
+Who writes the state. A v channel belongs to one CTA and one thread, which writes its new
+columns as soon as it has convolved them. A q or k channel is read by every CTA of its key head,
+(HV / H) * (V / tile_v) of them, and its state must not change under a reader. Each of those
+CTAs counts itself in ``conv_arrivals[slot, key head]`` once its reads are done (``arrive``:
+after a CTA barrier, one acquire-release atomic add at GPU scope, so every read of the CTA
+happens before it); the CTA that finds all the others already counted (``last_reader``) writes
+the q/k columns at its end (``store_key_head``, loading the window's last columns again: only it
+writes them, and every reader is past them), and takes its readers back off the count
+(``leave``), so the count is zero again for the next call. The add's result is only needed at
+the kernel's end, so its round trip hides behind the tokens. Rows that share a slot (a caller's
+error) still leave the count at zero: it is read modulo the readers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Constexpr, Float32, Int32, Int64
+
+from .norm import activate
+
+
+def conv_outputs(tokens: int, head_k_dim: int, tile_v: int) -> cute.Tensor:
+    """The CTA's convolved inputs in shared memory: (token, channel) fp32, the channels its
+    key head's K of q, then K of k, then its TILE_V rows of v."""
+    width = 2 * head_k_dim + tile_v
+    layout = cute.make_layout((tokens, width), stride=(width, 1))
+    return cutlass.memory.SmemAllocator().allocate_tensor(Float32, layout, 16)
+
+
+@dataclass(frozen=True)
+class ConvPart:
+    """One run of consecutive conv channels the CTA reads (its q, k or v channels): their
+    weight rows [n, W], bias [n] (or None), state columns [n, W - 1] in the row's slot, and raw
+    inputs [tokens, n] (the head's, from ``source_first``)."""
+
+    weight: cute.Tensor
+    bias: object
+    state: cute.Tensor
+    source: cute.Tensor
+    source_first: object
+    #: where the part's outputs start along conv_outputs' channels
+    out_first: int
+
+
+@dataclass(frozen=True)
+class CtaConv:
+    """The conv channels of one CTA, (value head ``hv``, rows ``v_tile`` * TILE_V..), of kernel
+    row ``seq``. Frozen: the DSL passes it into the kernel's run-time branches as it is."""
+
+    q: ConvPart
+    k: ConvPart
+    v: ConvPart
+    #: the CTAs that read this key head's q/k channels: (HV / H) * (V / tile_v)
+    readers: int
+
+
+def cta_conv(
+    conv_state, weight, bias, q, k, v, seq, slot, head_qk, hv, v_tile, tile_v: int
+) -> CtaConv:
+    """The parts of a CTA (nothing is loaded here): views of the conv's weight [D, W], bias [D]
+    and the slot's state [D, W - 1], whose D channels are H*K of q, H*K of k, HV*V of v."""
+    H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
+    slot_state = conv_state[slot, None, None]
+
+    def part(block, n, source, source_first, out_first):
+        rows = cute.local_tile(weight, (n, weight.shape[1]), (block, 0))
+        kept = cute.local_tile(slot_state, (n, slot_state.shape[1]), (block, 0))
+        bias_rows = None
+        if cutlass.const_expr(bias is not None):
+            bias_rows = cute.local_tile(bias, (n,), (block,))
+        return ConvPart(rows, bias_rows, kept, source, source_first, out_first)
+
+    v_block = 2 * H * K // tile_v + hv * (V // tile_v) + v_tile
+    return CtaConv(
+        q=part(head_qk, K, q[seq, None, head_qk, None], 0, 0),
+        k=part(H + head_qk, K, k[seq, None, head_qk, None], 0, K),
+        v=part(v_block, tile_v, v[seq, None, hv, None], v_tile * tile_v, 2 * K),
+        readers=(HV // H) * (V // tile_v),
+    )
+
+
+def convolve(outputs, conv: CtaConv, owned, span, tokens: int, activation: str, threads: int):
+    """Every token's conv outputs of the CTA's channels into ``outputs``; the v channels' new
+    state columns into the slot. ``span``: (first token, tokens) of the row (see rows.row_span).
+    A row that owns no state convolves zeros and stores no state. The caller's CTA barrier
+    then publishes ``outputs`` (and ends the CTA's reads of the state)."""
+    first, length = Int64(span[0]), Int64(span[1])
+    for part, write_now in ((conv.q, False), (conv.k, False), (conv.v, True)):
+        _convolve_part(
+            outputs, part.weight, part.bias, part.state, part.source, Int32(part.source_first),
+            part.out_first, owned, first, length, tokens, activation, write_now, threads,
+        )  # fmt: skip
+
+
+def store_key_head(conv: CtaConv, span, tokens: int, threads: int):
+    """The q and k channels' new state columns (the key head's last reader, at its end)."""
+    first, length = Int64(span[0]), Int64(span[1])
+    for part in (conv.q, conv.k):
+        _store_part(
+            part.state, part.source, Int32(part.source_first), first, length, tokens, threads
+        )
+
+
+@cute.jit
+def _token(source: cute.Tensor, first: Int64, length: Int64, t: Constexpr[int]):
+    """Token t of the row along the source's dim 0 (past a short sequence's end: its last)."""
+    at = first + cutlass.min(Int64(t), cutlass.max(length - 1, Int64(0)))
+    return cutlass.min(at, Int64(source.shape[0] - 1))
+
+
+@cute.jit
+def _convolve_part(
+    outputs: cute.Tensor,
+    weight: cute.Tensor,
+    bias,
+    state: cute.Tensor,
+    source: cute.Tensor,
+    source_first: Int32,
+    out_first: Constexpr[int],
+    owned,
+    first: Int64,
+    length: Int64,
+    tokens: Constexpr[int],
+    activation: Constexpr[str],
+    write_now: Constexpr[bool],
+    threads: Constexpr[int],
+):
+    channels = weight.shape[0]
+    width = weight.shape[1]
+    kept = width - 1
+    tidx, _, _ = cute.arch.thread_idx()
+    for r in cutlass.range_constexpr((channels + threads - 1) // threads):
+        c = tidx + r * threads
+        if c < channels:
+            # The window: kept columns, then the tokens' inputs.
+            window = cute.make_rmem_tensor((kept + tokens,), Float32)
+            window.fill(0.0)
+            if owned:
+                for w in cutlass.range_constexpr(kept):
+                    window[w] = Float32(state[c, w])
+            for t in cutlass.range_constexpr(tokens):
+                window[kept + t] = Float32(
+                    source[_token(source, first, length, t), source_first + c]
+                )
+            taps = cute.make_rmem_tensor((width,), Float32)
+            for w in cutlass.range_constexpr(width):
+                taps[w] = Float32(weight[c, w])
+            start = Float32(0.0)
+            if cutlass.const_expr(bias is not None):
+                start = Float32(bias[c])
+            for t in cutlass.range_constexpr(tokens):
+                acc = start
+                for w in cutlass.range_constexpr(width):
+                    acc += taps[w] * window[t + w]
+                if cutlass.const_expr(activation == "silu"):
+                    acc = activate(acc, "silu")
+                outputs[t, out_first + c] = acc
+            if cutlass.const_expr(write_now):
+                if owned:
+                    # The window's last columns, ending at the row's last token.
+                    for j in cutlass.range_constexpr(kept):
+                        value = window[j]
+                        for t in cutlass.range_constexpr(tokens):
+                            value = cutlass.select_(Int64(t) < length, window[t + 1 + j], value)
+                        state[c, j] = Float32(value).to(state.element_type)
+
+
+@cute.jit
+def _store_part(
+    state: cute.Tensor,
+    source: cute.Tensor,
+    source_first: Int32,
+    first: Int64,
+    length: Int64,
+    tokens: Constexpr[int],
+    threads: Constexpr[int],
+):
+    channels = state.shape[0]
+    kept = state.shape[1]
+    tidx, _, _ = cute.arch.thread_idx()
+    for r in cutlass.range_constexpr((channels + threads - 1) // threads):
+        c = tidx + r * threads
+        if c < channels:
+            # Load every column first: a new column may be an old one this loop overwrites.
+            columns = cute.make_rmem_tensor((kept,), state.element_type)
+            for j in cutlass.range_constexpr(kept):
+                position = length + j
+                old = state[c, cutlass.min(position, Int64(kept - 1))]
+                token = first + cutlass.max(position - kept, Int64(0))
+                token = cutlass.min(token, Int64(source.shape[0] - 1))
+                new = source[token, source_first + c]
+                columns[j] = cutlass.select_(position < kept, old, new)
+            for j in cutlass.range_constexpr(kept):
+                state[c, j] = columns[j]
+
+
+def _counter(arrivals: cute.Tensor, slot, head):
+    return arrivals.iterator + cute.crd2idx((slot, head), arrivals.layout)
+
+
+def arrive(arrivals: cute.Tensor, slot, head):
+    """Count this CTA as done reading the key head's q/k state (one thread calls it, after a
+    CTA barrier that follows every thread's reads); returns the count before."""
+    return cute.arch.atomic_add(
+        _counter(arrivals, slot, head), Int32(1), sem="acq_rel", scope="gpu"
+    )
+
+
+def last_reader(before, readers: int):
+    """Whether the CTA whose ``arrive`` returned ``before`` was the last of ``readers``."""
+    return before % readers == readers - 1
+
+
+def leave(arrivals: cute.Tensor, slot, head, readers: int) -> None:
+    """Take the key head's readers back off the count (the last reader, after its writes)."""
+    cute.arch.atomic_add(
+        _counter(arrivals, slot, head), Int32(-readers), sem="relaxed", scope="gpu"
+    )

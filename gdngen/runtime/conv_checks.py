@@ -1,0 +1,149 @@
+"""Checking the conv1d prologue's arguments (docs/design.md, "The conv1d prologue").
+
+With ``conv_state`` and ``conv_weight`` given, q, k and v (or ``mixed_qkv``) are the projections
+before the engine's causal depthwise convolution, whose D = 2*H*K + HV*V channels are q's, k's and
+v's in that order (the rows of the engines' ``mixed_qkv``).
+
+- ``conv_state`` ``[slots, D, W - 1]``: a pool indexed by the same slots as the recurrent state
+  (as many slots; without indices, one per batch row), in q's dtype. Both layouts engines use
+  are served by one kernel: channels-first (each channel's W - 1 columns contiguous) and the
+  transposed view of a ``[slots, W - 1, D]`` buffer (each column's channels contiguous).
+- ``conv_weight`` ``[D, W]`` (or a conv module's ``[D, 1, W]``), contiguous, in q's dtype; W one
+  of the target's ``conv1d_widths``.
+- ``conv_bias`` ``[D]`` or None; ``conv_activation`` "silu" or "identity".
+
+The prologue serves the decode forms: dense or pooled rows, T tokens each, packed sequences. It
+refuses what would need more than one conv state per row (per-token slots, the verify cache,
+separate write slots, ``disable_state_update``). Errors name the argument, before any launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gdngen.terms import CONV_ACTIVATIONS
+
+from .checks import _aligned, _dims, _dtype_name, _shape, _tensor
+from .info import TargetInfo
+
+
+@dataclass(frozen=True)
+class ConvPrologue:
+    state: torch.Tensor
+    #: [D, W], a view of the caller's weight
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    width: int
+    activation: str
+
+
+def conv_weight_view(weight: torch.Tensor) -> torch.Tensor:
+    """``[D, W]`` from a conv module's ``[D, 1, W]`` (no copy); other shapes as they are."""
+    if weight.dim() == 3 and weight.size(1) == 1:
+        return weight.view(weight.size(0), weight.size(2))
+    return weight
+
+
+def check_conv(
+    info: TargetInfo,
+    *,
+    conv_state,
+    conv_weight,
+    conv_bias,
+    conv_activation,
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    pool_name: str,
+    H: int,
+    K: int,
+    HV: int,
+    V: int,
+    refused: dict[str, object],
+) -> ConvPrologue | None:
+    """The prologue's checked arguments, or None when the call has none (neither ``conv_state``
+    nor ``conv_weight``). ``refused``: the call's arguments the prologue does not serve, by
+    name (None or False where not given)."""
+    if conv_state is None and conv_weight is None:
+        if conv_bias is not None:
+            raise ValueError("conv_bias: given without conv_state and conv_weight")
+        return None
+    if not info.conv1d_widths:
+        raise ValueError(
+            f"conv_state/conv_weight: target {info.name} was generated without the conv1d "
+            f"prologue. {info.add_to_spec('`conv1d_widths: [4]` under `features:`')}"
+        )
+    for name, given, other in (
+        ("conv_state", conv_state, "conv_weight"),
+        ("conv_weight", conv_weight, "conv_state"),
+    ):
+        if given is None:
+            raise ValueError(f"{name}: the conv1d prologue needs conv_state and conv_weight")
+    for name, value in refused.items():
+        if value is not None and value is not False:
+            raise ValueError(
+                f"{name}: not served with the conv1d prologue (it keeps one conv state per row; "
+                "per-token conv states are not built yet)"
+            )
+    conv_state = _tensor("conv_state", conv_state)
+    conv_weight = conv_weight_view(_tensor("conv_weight", conv_weight))
+    channels = 2 * H * K + HV * V
+    if conv_weight.dim() != 2 or conv_weight.size(0) != channels:
+        raise ValueError(
+            f"conv_weight: expected [D, W] or [D, 1, W] with D = 2*H*K + HV*V = {channels}; "
+            f"got {_shape(conv_weight)}"
+        )
+    width = conv_weight.size(1)
+    if width not in info.conv1d_widths:
+        raise ValueError(
+            f"conv_weight: a width of {width} taps; target {info.name} serves "
+            f"{list(info.conv1d_widths)}. "
+            + info.add_to_spec(f"{width} to `conv1d_widths` under `features:`")
+        )
+    for name, tensor in (("conv_state", conv_state), ("conv_weight", conv_weight)):
+        if tensor.dtype != q.dtype:
+            raise TypeError(
+                f"{name}: expected dtype {_dtype_name(q.dtype)} (as q); got "
+                f"{_dtype_name(tensor.dtype)}"
+            )
+    _dims(
+        "conv_state", conv_state, (pool.size(0), channels, width - 1),
+        f"[slots, D, W - 1] with {pool.size(0)} slots (as {pool_name}), D = {channels}, "
+        f"W - 1 = {width - 1}",
+    )  # fmt: skip
+    inner = conv_state.stride()[1:]
+    if inner not in ((width - 1, 1), (1, channels)):
+        raise ValueError(
+            f"conv_state: expected each slot channels-first (strides [.., {width - 1}, 1]) or "
+            f"channels-last (strides [.., 1, {channels}]); got strides {tuple(conv_state.stride())}"
+        )
+    if conv_state.size(0) > 1 and conv_state.stride(0) < channels * (width - 1):
+        raise ValueError(
+            f"conv_state: slots overlap (slot stride {conv_state.stride(0)} < D * (W - 1) = "
+            f"{channels * (width - 1)})"
+        )
+    if conv_weight.stride() != (width, 1):
+        raise ValueError(
+            f"conv_weight: must be contiguous; got strides {tuple(conv_weight.stride())}"
+        )
+    _aligned("conv_weight", conv_weight, 1, outer_dims=0)
+    if conv_bias is not None:
+        conv_bias = _tensor("conv_bias", conv_bias)
+        if conv_bias.dtype != q.dtype:
+            raise TypeError(
+                f"conv_bias: expected dtype {_dtype_name(q.dtype)} (as q); got "
+                f"{_dtype_name(conv_bias.dtype)}"
+            )
+        _dims("conv_bias", conv_bias, (channels,), f"[D] with D = {channels}")
+        if conv_bias.stride(0) != 1:
+            raise ValueError(f"conv_bias: must be contiguous; got stride {conv_bias.stride(0)}")
+        _aligned("conv_bias", conv_bias, 1, outer_dims=0)
+    if conv_activation not in CONV_ACTIVATIONS:
+        raise ValueError(
+            f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
+        )
+    for name, tensor in (("conv_state", conv_state), ("conv_weight", conv_weight), ("conv_bias", conv_bias)):  # fmt: skip
+        if tensor is not None and tensor.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on {q.device} (as q); got {tensor.device}")
+    return ConvPrologue(conv_state, conv_weight, conv_bias, width, conv_activation)

@@ -1,0 +1,218 @@
+"""The conv1d prologue (features.conv1d_widths) on a GPU, against the float64 reference: the
+causal conv1d update of gdngen.reference.conv, then the recurrence (and the gated RMSNorm where
+the call fuses it), with both states checked slot by slot."""
+
+import pytest
+import torch
+
+import generated.h200 as h200
+from gdngen.reference import causal_conv1d_update, gated_rmsnorm, reference_decode
+from gdngen.reference.core import split_mixed_qkv
+from tests.compare import assert_close
+from tests.gpu.check_call import as_k_last
+
+pytestmark = pytest.mark.gpu
+
+SERVED = [("k_last", "bf16"), ("k_last", "fp16"), ("k_last", "fp32"), ("v_last", "bf16"),
+          ("v_last", "fp16"), ("v_last", "fp32")]  # fmt: skip
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def conv_pool(slots, channels, width, layout, gen):
+    """A conv state pool [slots, D, W - 1]: channels-first, or the view engines take of a
+    [slots, W - 1, D] buffer (channels-last)."""
+    if layout == "channels_first":
+        return torch.randn(slots, channels, width - 1, generator=gen, device="cuda").bfloat16()
+    kept = torch.randn(slots, width - 1, channels, generator=gen, device="cuda").bfloat16()
+    return kept.transpose(1, 2)
+
+
+def make_case(*, B, T, H=16, HV=32, K=128, V=128, layout="k_last", state_dtype="bf16", slots=None,
+              padded=(), null_slot=-1, width=4, bias=True, conv_layout="channels_first", seed=0):  # fmt: skip
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    channels = 2 * H * K + HV * V
+
+    def randn(*shape, std=1.0, dtype=torch.bfloat16):
+        return (torch.randn(*shape, generator=gen, device="cuda") * std).to(dtype)
+
+    pool_size = slots if slots is not None else B
+    head = (V, K) if layout == "k_last" else (K, V)
+    case = dict(
+        mixed_qkv=randn(B, T, channels),
+        A_log=torch.log(torch.rand(HV, generator=gen, device="cuda") * 15 + 1),
+        a=randn(B, T, HV, std=2.0),
+        b=randn(B, T, HV, std=2.0),
+        dt_bias=randn(HV, std=0.5, dtype=torch.float32),
+        state_layout=layout,
+        conv_weight=randn(channels, width, std=0.5),
+        conv_bias=randn(channels, std=0.2) if bias else None,
+        conv_state=conv_pool(pool_size, channels, width, conv_layout, gen),
+    )
+    pool = randn(pool_size, HV, *head, std=0.5, dtype=DTYPES[state_dtype])
+    if slots is None:
+        case["state"] = pool
+    else:
+        perm = torch.randperm(slots, generator=gen, device="cuda")
+        perm = perm[perm > null_slot] if null_slot >= 0 else perm
+        reads = perm[:B].clone()
+        for row in padded:
+            reads[row] = null_slot
+        case.update(initial_state=pool, initial_state_indices=reads.int(), null_slot=null_slot)
+    return case
+
+
+def expected(case, *, H, K, HV, V, activation="silu", z=None, norm_weight=None, eps=1e-6):
+    """The reference outputs, pools and live rows of one dense call."""
+    pool = case.get("state", case.get("initial_state"))
+    slots = case.get("initial_state_indices")
+    null_slot = case.get("null_slot", -1)
+    conv_out, conv_after = causal_conv1d_update(
+        case["mixed_qkv"], case["conv_state"], case["conv_weight"], case["conv_bias"],
+        activation=None if activation == "identity" else "silu", slots=slots, null_slot=null_slot,
+    )  # fmt: skip
+    q, k, v = split_mixed_qkv(conv_out, H, K, HV, V)
+    read = None if slots is None else torch.where(slots.long() <= null_slot, -1, slots.long())
+    ref = reference_decode(
+        q, k, v, pool, case["A_log"], case["a"], case["dt_bias"], case["b"], read_slots=read,
+        state_layout=case["state_layout"],
+    )  # fmt: skip
+    out = ref.output
+    if z is not None:
+        out = gated_rmsnorm(out, z, norm_weight, eps=eps, activation="silu")
+    return out, ref, conv_after
+
+
+def run_and_check(case, *, H=16, K=128, HV=32, V=128, activation="silu", norm=True, call=None):
+    call = call or h200.gdn_decode
+    B, T = case["mixed_qkv"].shape[:2]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    z = norm_weight = None
+    if norm:
+        z = torch.randn(B, T, HV, V, generator=gen, device="cuda").bfloat16()
+        norm_weight = (1 + 0.5 * torch.randn(V, generator=gen, device="cuda")).bfloat16()
+    pool = case.get("state", case.get("initial_state"))
+    pool_before, conv_before = pool.clone(), case["conv_state"].clone()
+    ref_out, ref, conv_after = expected(
+        case, H=H, K=K, HV=HV, V=V, activation=activation, z=z, norm_weight=norm_weight
+    )
+    out, _ = call(**case, conv_activation=activation, z=z, norm_weight=norm_weight)
+    torch.cuda.synchronize()
+
+    live = ref.live
+    assert_close("output", out[live], ref_out[live], torch.bfloat16)
+    if (~live).any():
+        assert (out[~live] == 0).all(), "padded rows must have zero output"
+    slots = case.get("initial_state_indices")
+    slots = torch.arange(B, device="cuda") if slots is None else slots.long()
+    owned = torch.zeros(pool.shape[0], dtype=torch.bool, device="cuda")
+    owned[slots[live]] = True
+    state_dtype = pool.dtype
+    assert_close("final state", as_k_last(pool[slots[live]], case["state_layout"]),
+                 ref.final_state[live], state_dtype)  # fmt: skip
+    assert torch.equal(pool[~owned], pool_before[~owned]), "a recurrent slot not owned changed"
+    # The new conv columns are inputs or kept columns, moved: exact.
+    assert torch.equal(case["conv_state"][owned], conv_after[owned]), "conv state"
+    assert torch.equal(
+        case["conv_state"][~owned], conv_before[~owned]
+    ), "a conv slot not owned changed"
+    return out
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+def test_full_core(layout, state_dtype, tokens):
+    # conv1d -> recurrence -> gated RMSNorm in one call, a pool with padding, both conv layouts.
+    case = make_case(
+        B=4 + tokens, T=tokens, layout=layout, state_dtype=state_dtype, slots=20, padded=(1,),
+        conv_layout="channels_last" if tokens % 2 else "channels_first", seed=tokens,
+    )  # fmt: skip
+    run_and_check(case)
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_widths_without_norm_or_bias(width, tokens):
+    case = make_case(B=6, T=tokens, width=width, bias=False, slots=9, padded=(0, 5), seed=width)
+    run_and_check(case, norm=False, activation="identity" if width == 3 else "silu")
+
+
+@pytest.mark.parametrize("batch", [1, 2, 17, 130])
+@pytest.mark.parametrize("heads", [(16, 32), (16, 64), (16, 48), (4, 8)])
+def test_geometries_and_batches(batch, heads):
+    # Every key head is read by HV/H value heads' CTAs (3 at 16/48: counts not a power of two).
+    H, HV = heads
+    case = make_case(B=batch, T=1 + batch % 2, H=H, HV=HV, seed=batch + HV)
+    run_and_check(case, H=H, HV=HV)
+
+
+def test_vllm_null_slot_zero():
+    # vLLM pads with slot 0 (its null block): rows naming it, and slot 0 itself, are untouched.
+    case = make_case(B=7, T=1, slots=12, padded=(2, 6), null_slot=0, conv_layout="channels_last")
+    run_and_check(case)
+
+
+def test_repeated_calls_and_graph_replay():
+    # The reader counts must be back at zero after every call: five calls in a row, each checked
+    # against the reference, then a captured graph replayed on new inputs.
+    for step in range(3):
+        run_and_check(make_case(B=5, T=2, slots=11, padded=(3,), seed=100 + step))
+    case = make_case(B=5, T=1, slots=11, padded=(3,), seed=200)
+    fresh = make_case(B=5, T=1, slots=11, padded=(3,), seed=201)
+    h200.gdn_decode(**case)  # plan outside the capture
+    graph_case = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = h200.gdn_decode(**graph_case)
+    for key, value in fresh.items():
+        if isinstance(value, torch.Tensor):
+            graph_case[key].copy_(value)
+    pool_before = graph_case["initial_state"].clone()
+    conv_before = graph_case["conv_state"].clone()
+    expect = dict(fresh, initial_state=pool_before, conv_state=conv_before)
+    ref_out, ref, conv_after = expected(expect, H=16, K=128, HV=32, V=128)
+    graph.replay()
+    torch.cuda.synchronize()
+    live = ref.live
+    assert_close("graph output", out[live], ref_out[live], torch.bfloat16)
+    slots = graph_case["initial_state_indices"].long()[live]
+    assert torch.equal(graph_case["conv_state"][slots], conv_after[slots])
+    run_and_check(make_case(B=5, T=1, slots=11, seed=300))
+
+
+@pytest.mark.parametrize("T", [2, 4, 8])
+def test_packed_mixed_lengths(T):
+    # Sequences of 0..T tokens in one [total, D] buffer: each advances its conv state by its own
+    # length. The reference runs each sequence on its own.
+    H, K, HV, V = 16, 128, 32, 128
+    gen = torch.Generator().manual_seed(T)
+    lengths = torch.randint(1, T + 1, (9,), generator=gen)
+    lengths[4] = 0
+    cu = torch.zeros(10, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    total = int(cu[-1])
+    case = make_case(B=total, T=1, slots=15, seed=T, conv_layout="channels_last")
+    slots = torch.randperm(15, generator=gen)[:9].int().cuda()
+    pool, conv = case["initial_state"], case["conv_state"]
+    pool_ref, conv_ref = pool.clone(), conv.clone()
+    mixed, a, b = case["mixed_qkv"][:, 0], case["a"][:, 0], case["b"][:, 0]
+    outs = []
+    for n in range(9):
+        lo, hi = int(cu[n]), int(cu[n + 1])
+        if hi == lo:
+            continue
+        one = dict(case, mixed_qkv=mixed[None, lo:hi], a=a[None, lo:hi], b=b[None, lo:hi],
+                   initial_state=pool_ref, initial_state_indices=slots[n : n + 1],
+                   conv_state=conv_ref)  # fmt: skip
+        out, ref, conv_after = expected(one, H=H, K=K, HV=HV, V=V)
+        pool_ref, conv_ref = ref.pool, conv_after
+        outs.append(out[0])
+    got, _ = h200.gdn_decode(
+        mixed_qkv=mixed, a=a, b=b, A_log=case["A_log"], dt_bias=case["dt_bias"],
+        initial_state=pool, initial_state_indices=slots, cu_seqlens=cu.cuda(), max_seqlen=T,
+        conv_state=conv, conv_weight=case["conv_weight"], conv_bias=case["conv_bias"],
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert_close("packed output", got, torch.cat(outs), torch.bfloat16)
+    assert torch.equal(conv, conv_ref), "conv state"
+    assert_close("states", pool.double(), pool_ref.double(), torch.bfloat16)
