@@ -272,3 +272,25 @@ def test_the_startup_bench_report_adds_up_the_workers(tmp_path):
     ]  # fmt: skip
     row = startup.markdown(runs, dict(gpu="H200", gpus=2)).splitlines()[-1]
     assert row == "| 2 | 14.5 | 13.0, 14.5 | 2 | 2 | 2 (2) | 2.00e-03 |"
+
+
+def test_core_bench_forms_and_report():
+    # The core bench's cells are in vLLM's forms (a per-token table at T > 1), and its report's
+    # ratio is the fastest chain over the fused core, with "-" where a peer skipped a cell.
+    from gdngen.bench import core
+
+    assert core.core_problem(3, 4, 32, "bf16").slots == "per_token"
+    assert core.core_problem(3, 1, 32, "bf16").slots == "row"
+    peer = core.peer_problem(core.core_problem(3, 4, 32, "fp32"))
+    assert (peer.mode, peer.cache_steps, peer.batch) == ("verify", 4, 3)
+    records = [
+        dict(state_dtype="bf16", HV=32, tokens=1, batch=1, variant="v",
+             us={"fused core": 5.0, "chain (gdngen)": 7.5, "chain (flashinfer)": 10.0,
+                 "recurrence alone": 4.0}),
+        dict(state_dtype="fp32", HV=64, tokens=4, batch=8, variant="w",
+             us={"fused core": 10.0, "chain (gdngen)": 5.0, "recurrence alone": 8.0}),
+    ]  # fmt: skip
+    text = core.markdown(records, dict(gpu="X", copy_GBps=1.0, fla_steps="conv, norm"))
+    assert "| 1.50 | 1.250 |" in text and "| 0.50 | 1.250 |" in text
+    assert "| 5.00 | - | 8.00 |" in text  # FlashInfer skipped the second cell
+    assert "geometric mean 0.87x over 2 cells" in text

@@ -11,7 +11,7 @@ import generated.h200
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.spec import load_spec
 from tests.spec_helpers import SPEC_PATH
-from tests.test_checks import POOL, make_args, on_fake_cuda, raises
+from tests.test_checks import B, POOL, make_args, on_fake_cuda, raises
 
 INFO = generated.h200.INFO
 H, K, HV, V = 16, 128, 32, 128
@@ -44,6 +44,31 @@ def test_a_valid_conv_call_is_checked_into_the_call_and_the_key():
 
 
 @pytest.mark.parametrize(
+    "form",
+    ["per_token", "separate_write_slots", "disable_state_update", "wide_state"],
+)
+def test_the_prologue_serves_the_engine_forms(form):
+    # vLLM's speculative decoding (a [N, 1 + S] table, W - 2 + (1 + S) conv columns), separate
+    # write slots, verify without a cache, and vLLM's wide slots in plain decode.
+    from gdngen.runtime.checks import check_call
+
+    if form == "per_token":
+        table = torch.arange(B * 4, dtype=torch.int32).view(B, 4) % POOL
+        args = conv_args(
+            initial_state_indices=table, num_accepted_tokens=torch.ones(B, dtype=torch.int32),
+            conv_state=torch.zeros(POOL, 6, D, dtype=torch.bfloat16).transpose(1, 2),
+        )  # fmt: skip
+    elif form == "separate_write_slots":
+        args = conv_args(output_state_indices=torch.arange(B, dtype=torch.int32) + 4)
+    elif form == "disable_state_update":
+        args = conv_args(disable_state_update=True)
+    else:
+        args = conv_args(conv_state=torch.zeros(POOL, D, 7, dtype=torch.bfloat16))
+    call = check_call(INFO, **on_fake_cuda(args))
+    assert call.conv is not None and call.conv.width == 4
+
+
+@pytest.mark.parametrize(
     "changes,exc,fragments",
     [
         (dict(conv_weight=None), ValueError, ["conv_weight: the conv1d prologue needs"]),
@@ -55,7 +80,11 @@ def test_a_valid_conv_call_is_checked_into_the_call_and_the_key():
         (dict(conv_weight=torch.zeros(4, D, dtype=torch.bfloat16).t()), ValueError,
          ["conv_weight: must be contiguous"]),
         (dict(conv_state=torch.zeros(POOL, 3, D, dtype=torch.bfloat16)), ValueError,
-         ["conv_state: expected shape [slots, D, W - 1]", f"[{POOL}, 3, {D}]"]),
+         ["conv_state: expected shape [slots, D, columns]", "columns W - 1 = 3 or more",
+          f"[{POOL}, 3, {D}]"]),
+        (dict(conv_state=torch.zeros(POOL, D, 2, dtype=torch.bfloat16)), ValueError,
+         ["conv_state: expected [slots, D, columns] with columns W - 1 = 3 or more",
+          f"[{POOL}, {D}, 2]"]),
         (dict(conv_state=torch.zeros(POOL + 1, D, 3, dtype=torch.bfloat16)), ValueError,
          ["conv_state: expected shape", f"with {POOL} slots (as initial_state)"]),
         (dict(conv_state=torch.zeros(POOL, D, 6, dtype=torch.bfloat16)[..., ::2]), ValueError,
@@ -66,11 +95,16 @@ def test_a_valid_conv_call_is_checked_into_the_call_and_the_key():
          ["conv_bias: expected shape [D] with D = 8192"]),
         (dict(conv_activation="relu"), ValueError,
          ["conv_activation: expected one of ('silu', 'identity'); got 'relu'"]),
-        (dict(disable_state_update=True), ValueError,
-         ["disable_state_update: not served with the conv1d prologue"]),
+        (dict(intermediate_states_buffer=torch.zeros(B, 1, HV, V, K, dtype=torch.bfloat16)),
+         ValueError, ["intermediate_states_buffer: not served with the conv1d prologue",
+                      "every token's conv window"]),
+        (dict(initial_state_indices=torch.arange(B * 4, dtype=torch.int32).view(B, 4) % POOL),
+         ValueError, ["conv_state: expected [slots, D, columns] with columns "
+                      "W - 2 + (1 + S) = 6 or more, with per-token slots", f"[{POOL}, {D}, 3]"]),
     ],
     ids=["no_weight", "no_state", "width", "channels", "weight_strided", "state_shape",
-         "state_slots", "state_strided", "state_dtype", "bias_shape", "activation", "no_update"],
+         "state_columns", "state_slots", "state_strided", "state_dtype", "bias_shape",
+         "activation", "verify_cache", "per_token_columns"],
 )  # fmt: skip
 def test_bad_conv_arguments_name_the_argument(changes, exc, fragments):
     raises(exc, conv_args(**changes), *fragments)
@@ -124,6 +158,26 @@ def test_the_prologue_compiles_for_each_target(target, variant, K, T, cu):
     assert compile_kernel(module, key) is not None
 
 
+@pytest.mark.parametrize(
+    "form",
+    [dict(per_token_slots=True, num_accepted=True, null_slot=0, cu_seqlens_dtype="int32",
+          write_final_state=False),
+     dict(separate_write_slots=True),
+     dict(write_final_state=False)],
+    ids=["vllm_spec_decode", "separate_write_slots", "no_state_update"],
+)  # fmt: skip
+def test_the_prologue_compiles_in_every_slot_form(form):
+    module = importlib.import_module("generated.h200.kernels.kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90")
+    fields = dict(
+        variant=module.NAME, arch="sm_90a", tokens=4, H=16, HV=32, K=128, V=128, io_dtype="bf16",
+        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype="bf16", index_dtype="int32",
+        separate_write_slots=False, cache=False, write_final_state=True, use_qk_l2norm=True,
+        conv_width=4, conv_bias=True, conv_activation="silu",
+    )  # fmt: skip
+    fields.update(form)
+    assert compile_kernel(module, CompileKey(**fields)) is not None
+
+
 def test_a_staged_kernel_refuses_the_prologue_at_trace_time():
     module = importlib.import_module(
         "generated.h200.kernels.kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
@@ -136,3 +190,29 @@ def test_a_staged_kernel_refuses_the_prologue_at_trace_time():
     )  # fmt: skip
     with pytest.raises(ValueError, match="has no conv1d prologue"):
         compile_kernel(module, key)
+
+
+def test_the_reference_per_token_form_resumes_at_any_accepted_token():
+    # vLLM's speculative form: after a call of T tokens, starting the next window at column
+    # a - 1 must equal a plain call whose window ends at token a - 1 of the first call.
+    from gdngen.reference import causal_conv1d_update
+
+    gen = torch.Generator().manual_seed(3)
+    width, T, channels = 4, 3, 5
+    columns = width - 2 + T
+    pool = torch.randn(2, channels, columns, generator=gen, dtype=torch.float64)
+    weight = torch.randn(channels, width, generator=gen, dtype=torch.float64)
+    x = torch.randn(1, T, channels, generator=gen, dtype=torch.float64)
+    after_first = causal_conv1d_update(x, pool, weight, slots=torch.tensor([1]),
+                                       accepted=torch.tensor([2]))[1]  # fmt: skip
+    window = pool[1, :, 1 : 1 + width - 1]  # the window read: columns 1 .. 3
+    moved = torch.cat([window[:, 1:], x[0].T], dim=1)  # newest W - 2, then every input
+    assert torch.equal(after_first[1], moved) and torch.equal(after_first[0], pool[0])
+    follow = torch.randn(1, 1, channels, generator=gen, dtype=torch.float64)
+    for accepted in range(1, T + 1):
+        resumed = causal_conv1d_update(follow, after_first, weight, slots=torch.tensor([1]),
+                                       accepted=torch.tensor([accepted]))[0]  # fmt: skip
+        plain = pool[1:2, :, 1:width].clone()  # the first call's window, replayed
+        plain = causal_conv1d_update(x[:, :accepted], plain, weight)[1]
+        expected = causal_conv1d_update(follow, plain, weight)[0]
+        assert torch.allclose(resumed, expected), accepted

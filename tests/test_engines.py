@@ -569,3 +569,86 @@ def test_the_targets_bound_is_named_by_the_engine_argument():
         ValueError, match=r"^cache_steps \(gdn_decode's max_seqlen\): expected 1\.\.8"
     ):
         getattr(adapter(h200.gdn_decode), method)(**args)
+
+
+# -- the fused core --------------------------------------------------------------------------------
+
+
+def _core_args(total, table):
+    mixed = torch.zeros(total, WIDTH + 16)[:, :WIDTH]  # strided rows, as the engines' split
+    return dict(
+        mixed_qkv=mixed, a=torch.zeros(total, HV), b=torch.zeros(total, HV),
+        A_log=torch.zeros(HV), dt_bias=torch.zeros(HV), ssm_state=torch.zeros(16, HV, V, K),
+        ssm_state_indices=table, conv_state=torch.zeros(16, 6, WIDTH).transpose(1, 2),
+        conv_weights=torch.zeros(WIDTH, 1, 4), conv_bias=None, z=torch.zeros(total, HV, V),
+        norm_weight=torch.ones(V),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("adapter", [VllmGdn, SglangGdn])
+def test_decode_core_passes_every_step(adapter):
+    """Decode, one token a request: the pre-conv buffer, both states, the conv's and the norm's
+    arguments, all passed on as they came (views), the engine's padding slot."""
+    fake = Recorder()
+    args = _core_args(3, torch.tensor([1, 2, 3, 0, 0], dtype=i32))
+    adapter(fake).decode_core(**args, norm_eps=1e-5, activation="swish")
+    call = fake.last
+    assert call["mixed_qkv"] is args["mixed_qkv"] and call["z"] is args["z"]
+    assert call["initial_state"] is args["ssm_state"]
+    assert call["conv_state"] is args["conv_state"] and call["conv_weight"] is args["conv_weights"]
+    assert call["conv_activation"] == "silu" and call["norm_eps"] == 1e-5
+    assert call["initial_state_indices"].tolist() == [1, 2, 3]
+    assert _views(call["initial_state_indices"], args["ssm_state_indices"])
+    assert call["cu_seqlens"] is None and call["null_slot"] == adapter.null_slot
+
+
+def test_decode_core_vllm_spec_decode():
+    """vLLM's speculative form: the [N, 1 + S] table and num_accepted_tokens cut to the N
+    sequences of query_start_loc; T = 1 + S; no conv activation maps to identity."""
+    fake = Recorder()
+    table = torch.arange(5 * 4, dtype=i32).view(5, 4)
+    args = _core_args(7, table)
+    VllmGdn(fake).decode_core(
+        **args, activation=None, query_start_loc=torch.tensor([0, 4, 7], dtype=i32),
+        num_accepted_tokens=torch.tensor([2, 1, 1, 1, 1], dtype=i32),
+    )  # fmt: skip
+    call = fake.last
+    assert call["max_seqlen"] == 4 and call["conv_activation"] == "identity"
+    assert call["initial_state_indices"].shape == (2, 4)
+    assert call["num_accepted_tokens"].tolist() == [2, 1]
+
+
+def test_decode_core_errors_name_the_engine_argument():
+    error = ValueError("conv_weight: a width of 5 taps; target h200 serves [2, 3, 4]")
+    with pytest.raises(ValueError, match=r"^conv_weights \(gdn_decode's conv_weight\): a width"):
+        VllmGdn(Recorder(error)).decode_core(**_core_args(3, torch.zeros(3, dtype=i32)))
+
+
+@pytest.mark.parametrize("engine", ["vllm-spec", "sglang-decode"])
+def test_decode_core_passes_the_targets_checks(engine):
+    """The engine's own shapes reach the real gdn_decode's last check (the device)."""
+    pool = torch.zeros(8, RHV, RV, RK, dtype=bf16)
+    if engine == "vllm-spec":
+        adapter, total, extra = VllmGdn, 7, dict(
+            ssm_state_indices=torch.arange(20, dtype=i32).view(5, 4) % 8 + 1,
+            num_accepted_tokens=torch.ones(5, dtype=i32),
+            query_start_loc=torch.tensor([0, 4, 7], dtype=i32),
+            conv_state=torch.zeros(8, 3 + 3, RWIDTH, dtype=bf16).transpose(1, 2),
+        )  # fmt: skip
+    else:
+        adapter, total, extra = SglangGdn, 3, dict(
+            ssm_state_indices=torch.tensor([1, -1, 2], dtype=i32),
+            conv_state=torch.zeros(8, RWIDTH, 3, dtype=bf16),
+        )  # fmt: skip
+    big = torch.zeros(total, RWIDTH + 64, dtype=bf16)
+    args = dict(
+        mixed_qkv=big[:, :RWIDTH], a=torch.zeros(total, RHV, dtype=bf16),
+        b=torch.zeros(total, RHV, dtype=bf16), A_log=torch.zeros(RHV), dt_bias=torch.zeros(RHV),
+        ssm_state=pool, conv_weights=torch.zeros(RWIDTH, 4, dtype=bf16),
+        conv_bias=torch.zeros(RWIDTH, dtype=bf16), z=torch.zeros(total, RHV, RV, dtype=bf16),
+        norm_weight=torch.ones(RV, dtype=bf16), **extra,
+    )  # fmt: skip
+    before = compiled_count()
+    with pytest.raises(ValueError, match=r"expected a CUDA tensor; got a tensor on cpu"):
+        adapter(h200.gdn_decode).decode_core(**args)
+    assert compiled_count() == before

@@ -49,12 +49,13 @@ def conv_outputs(tokens: int, head_k_dim: int, tile_v: int) -> cute.Tensor:
 @dataclass(frozen=True)
 class ConvPart:
     """One run of consecutive conv channels the CTA reads (its q, k or v channels): their
-    weight rows [n, W], bias [n] (or None), state columns [n, W - 1] in the row's slot, and raw
-    inputs [tokens, n] (the head's, from ``source_first``)."""
+    weight rows [n, W], bias [n] (or None), state columns [n, columns] in the slot read and in
+    the slot written, and raw inputs [tokens, n] (the head's, from ``source_first``)."""
 
     weight: cute.Tensor
     bias: object
     state: cute.Tensor
+    written: cute.Tensor
     source: cute.Tensor
     source_first: object
     #: where the part's outputs start along conv_outputs' channels
@@ -71,23 +72,28 @@ class CtaConv:
     v: ConvPart
     #: the CTAs that read this key head's q/k channels: (HV / H) * (V / tile_v)
     readers: int
+    #: the window's first column in the slot read (rows.conv_slots: 0, or num_accepted - 1)
+    offset: object
 
 
 def cta_conv(
-    conv_state, weight, bias, q, k, v, seq, slot, head_qk, hv, v_tile, tile_v: int
+    conv_state, weight, bias, q, k, v, seq, slots, head_qk, hv, v_tile, tile_v: int
 ) -> CtaConv:
     """The parts of a CTA (nothing is loaded here): views of the conv's weight [D, W], bias [D]
-    and the slot's state [D, W - 1], whose D channels are H*K of q, H*K of k, HV*V of v."""
+    and the state [D, columns] of the slots read and written (``slots``: rows.ConvSlots), whose
+    D channels are H*K of q, H*K of k, HV*V of v."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
-    slot_state = conv_state[slot, None, None]
+    read_state = conv_state[slots.read, None, None]
+    write_state = conv_state[slots.write, None, None]
 
     def part(block, n, source, source_first, out_first):
         rows = cute.local_tile(weight, (n, weight.shape[1]), (block, 0))
-        kept = cute.local_tile(slot_state, (n, slot_state.shape[1]), (block, 0))
+        kept = cute.local_tile(read_state, (n, read_state.shape[1]), (block, 0))
+        written = cute.local_tile(write_state, (n, write_state.shape[1]), (block, 0))
         bias_rows = None
         if cutlass.const_expr(bias is not None):
             bias_rows = cute.local_tile(bias, (n,), (block,))
-        return ConvPart(rows, bias_rows, kept, source, source_first, out_first)
+        return ConvPart(rows, bias_rows, kept, written, source, source_first, out_first)
 
     v_block = 2 * H * K // tile_v + hv * (V // tile_v) + v_tile
     return CtaConv(
@@ -95,29 +101,80 @@ def cta_conv(
         k=part(H + head_qk, K, k[seq, None, head_qk, None], 0, K),
         v=part(v_block, tile_v, v[seq, None, hv, None], v_tile * tile_v, 2 * K),
         readers=(HV // H) * (V // tile_v),
+        offset=slots.offset,
     )
 
 
-def convolve(outputs, conv: CtaConv, owned, span, tokens: int, activation: str, threads: int):
-    """Every token's conv outputs of the CTA's channels into ``outputs``; the v channels' new
-    state columns into the slot. ``span``: (first token, tokens) of the row (see rows.row_span).
-    A row that owns no state convolves zeros and stores no state. The caller's CTA barrier
-    then publishes ``outputs`` (and ends the CTA's reads of the state)."""
+def load_conv(conv: CtaConv, owned, span, tokens: int, threads: int) -> list:
+    """Issue every load of the CTA's conv (windows, inputs, taps, bias) into registers, one
+    tensor a part. The kernel calls it before it loads the state, so that the conv's data is
+    in flight with the state's and ``convolve`` waits no round trip of its own."""
     first, length = Int64(span[0]), Int64(span[1])
-    for part, write_now in ((conv.q, False), (conv.k, False), (conv.v, True)):
+    kept = conv.q.weight.shape[1] - 1
+    held = []
+    for part in (conv.q, conv.k, conv.v):
+        rounds = (part.weight.shape[0] + threads - 1) // threads
+        # Per round: the window (kept columns, then the tokens' inputs), then the taps and bias.
+        loaded = cute.make_rmem_tensor((rounds, 2 * kept + tokens + 2), Float32)
+        _load_part(
+            loaded, part.weight, part.bias, part.state, part.source, Int32(part.source_first),
+            owned, conv.offset, first, length, tokens, threads,
+        )  # fmt: skip
+        held.append(loaded)
+    return held
+
+
+def convolve(
+    outputs, conv: CtaConv, held: list, owned, span, tokens: int, activation: str, threads: int,
+    write_state: bool, per_token: bool,
+):  # fmt: skip
+    """Every token's conv outputs of the CTA's channels into ``outputs``, from ``held``
+    (load_conv); with ``write_state``, the v channels' new state columns (``new_columns``).
+    ``span``: (first token, tokens) of the row (see rows.row_span). A row that owns no conv
+    state convolves zeros and stores no state. The caller's CTA barrier then publishes
+    ``outputs`` (and ends the CTA's reads of the state)."""
+    length = Int64(span[1])
+    kept = conv.q.weight.shape[1] - 1
+    for part, loaded, write_now in zip((conv.q, conv.k, conv.v), held, (False, False, write_state)):
         _convolve_part(
-            outputs, part.weight, part.bias, part.state, part.source, Int32(part.source_first),
-            part.out_first, owned, first, length, tokens, activation, write_now, threads,
+            outputs, loaded, part.written, part.out_first, kept, owned, length, tokens,
+            activation, write_now, per_token, threads,
         )  # fmt: skip
 
 
-def store_key_head(conv: CtaConv, span, tokens: int, threads: int):
+def store_key_head(conv: CtaConv, span, tokens: int, threads: int, per_token: bool):
     """The q and k channels' new state columns (the key head's last reader, at its end)."""
     first, length = Int64(span[0]), Int64(span[1])
+    kept = conv.q.weight.shape[1] - 1
     for part in (conv.q, conv.k):
         _store_part(
-            part.state, part.source, Int32(part.source_first), first, length, tokens, threads
-        )
+            part.state, part.written, part.source, Int32(part.source_first), conv.offset, kept,
+            first, length, tokens, per_token, threads,
+        )  # fmt: skip
+
+
+def new_columns(kept: int, tokens: int, per_token: bool) -> int:
+    """How many state columns a call may write (from column 0), for a row of up to ``tokens``
+    tokens: the window (``kept`` = W - 1 columns) ending at the row's last token; or, with
+    per-token slots, the window's last W - 2 columns and then every token's input, so that the
+    next call can start its window at any accepted token (its ``num_accepted - 1``)."""
+    return kept - 1 + tokens if per_token else kept
+
+
+def _new_column(window, j: int, kept: int, length, tokens: int, per_token: bool):
+    """New state column j from ``window`` (the row's ``kept`` columns read, then its tokens'
+    inputs), and whether the column is written (the row has tokens; within new_columns)."""
+    if per_token:
+        # The W - 2 newest columns read, then every token's input.
+        written = Int64(0) < length
+        if j >= kept - 1:
+            written = Int64(j - (kept - 1)) < length
+        return window[j + 1], written
+    # The last kept columns of the window ending at the row's last token.
+    value = window[j]
+    for t in range(tokens):
+        value = cutlass.select_(Int64(t) < length, window[t + 1 + j], value)
+    return value, Int64(0) < length
 
 
 @cute.jit
@@ -128,89 +185,114 @@ def _token(source: cute.Tensor, first: Int64, length: Int64, t: Constexpr[int]):
 
 
 @cute.jit
-def _convolve_part(
-    outputs: cute.Tensor,
+def _load_part(
+    loaded: cute.Tensor,
     weight: cute.Tensor,
     bias,
     state: cute.Tensor,
     source: cute.Tensor,
     source_first: Int32,
-    out_first: Constexpr[int],
     owned,
+    offset: Int64,
     first: Int64,
     length: Int64,
     tokens: Constexpr[int],
-    activation: Constexpr[str],
-    write_now: Constexpr[bool],
     threads: Constexpr[int],
 ):
+    """A part's windows, taps and bias into ``loaded`` (see convolve), a round of channels a
+    row. A thread past the part's channels loads the last channel's (and stores nothing)."""
     channels = weight.shape[0]
     width = weight.shape[1]
     kept = width - 1
     tidx, _, _ = cute.arch.thread_idx()
     for r in cutlass.range_constexpr((channels + threads - 1) // threads):
+        c = cutlass.min(tidx + r * threads, channels - 1)
+        for w in cutlass.range_constexpr(kept):
+            loaded[r, w] = Float32(0.0)
+        if owned:
+            for w in cutlass.range_constexpr(kept):
+                loaded[r, w] = Float32(state[c, offset + w])
+        for t in cutlass.range_constexpr(tokens):
+            loaded[r, kept + t] = Float32(
+                source[_token(source, first, length, t), source_first + c]
+            )
+        for w in cutlass.range_constexpr(width):
+            loaded[r, kept + tokens + w] = Float32(weight[c, w])
+        loaded[r, kept + tokens + width] = Float32(0.0)
+        if cutlass.const_expr(bias is not None):
+            loaded[r, kept + tokens + width] = Float32(bias[c])
+
+
+@cute.jit
+def _convolve_part(
+    outputs: cute.Tensor,
+    loaded: cute.Tensor,
+    written: cute.Tensor,
+    out_first: Constexpr[int],
+    kept: Constexpr[int],
+    owned,
+    length: Int64,
+    tokens: Constexpr[int],
+    activation: Constexpr[str],
+    write_now: Constexpr[bool],
+    per_token: Constexpr[bool],
+    threads: Constexpr[int],
+):
+    """A part's outputs from its ``loaded`` rows; with ``write_now``, its new state columns."""
+    channels = written.shape[0]
+    taps = kept + tokens
+    tidx, _, _ = cute.arch.thread_idx()
+    for r in cutlass.range_constexpr((channels + threads - 1) // threads):
         c = tidx + r * threads
         if c < channels:
-            # The window: kept columns, then the tokens' inputs.
-            window = cute.make_rmem_tensor((kept + tokens,), Float32)
-            window.fill(0.0)
-            if owned:
-                for w in cutlass.range_constexpr(kept):
-                    window[w] = Float32(state[c, w])
             for t in cutlass.range_constexpr(tokens):
-                window[kept + t] = Float32(
-                    source[_token(source, first, length, t), source_first + c]
-                )
-            taps = cute.make_rmem_tensor((width,), Float32)
-            for w in cutlass.range_constexpr(width):
-                taps[w] = Float32(weight[c, w])
-            start = Float32(0.0)
-            if cutlass.const_expr(bias is not None):
-                start = Float32(bias[c])
-            for t in cutlass.range_constexpr(tokens):
-                acc = start
-                for w in cutlass.range_constexpr(width):
-                    acc += taps[w] * window[t + w]
+                acc = loaded[r, taps + kept + 1]
+                for w in cutlass.range_constexpr(kept + 1):
+                    acc += loaded[r, taps + w] * loaded[r, t + w]
                 if cutlass.const_expr(activation == "silu"):
                     acc = activate(acc, "silu")
                 outputs[t, out_first + c] = acc
             if cutlass.const_expr(write_now):
                 if owned:
-                    # The window's last columns, ending at the row's last token.
-                    for j in cutlass.range_constexpr(kept):
-                        value = window[j]
-                        for t in cutlass.range_constexpr(tokens):
-                            value = cutlass.select_(Int64(t) < length, window[t + 1 + j], value)
-                        state[c, j] = Float32(value).to(state.element_type)
+                    for j in cutlass.range_constexpr(new_columns(kept, tokens, per_token)):
+                        value, write = _new_column(
+                            loaded[r, None], j, kept, length, tokens, per_token
+                        )
+                        if write:
+                            written[c, j] = Float32(value).to(written.element_type)
 
 
 @cute.jit
 def _store_part(
     state: cute.Tensor,
+    written: cute.Tensor,
     source: cute.Tensor,
     source_first: Int32,
+    offset: Int64,
+    kept: Constexpr[int],
     first: Int64,
     length: Int64,
     tokens: Constexpr[int],
+    per_token: Constexpr[bool],
     threads: Constexpr[int],
 ):
+    """A part's new state columns, from the columns read (loaded again) and the row's inputs."""
     channels = state.shape[0]
-    kept = state.shape[1]
     tidx, _, _ = cute.arch.thread_idx()
     for r in cutlass.range_constexpr((channels + threads - 1) // threads):
         c = tidx + r * threads
         if c < channels:
-            # Load every column first: a new column may be an old one this loop overwrites.
-            columns = cute.make_rmem_tensor((kept,), state.element_type)
-            for j in cutlass.range_constexpr(kept):
-                position = length + j
-                old = state[c, cutlass.min(position, Int64(kept - 1))]
-                token = first + cutlass.max(position - kept, Int64(0))
-                token = cutlass.min(token, Int64(source.shape[0] - 1))
-                new = source[token, source_first + c]
-                columns[j] = cutlass.select_(position < kept, old, new)
-            for j in cutlass.range_constexpr(kept):
-                state[c, j] = columns[j]
+            # The window again, every position loaded before any column is stored: a new
+            # column may be an old one this loop overwrites.
+            window = cute.make_rmem_tensor((kept + tokens,), state.element_type)
+            for w in cutlass.range_constexpr(kept):
+                window[w] = state[c, offset + w]
+            for t in cutlass.range_constexpr(tokens):
+                window[kept + t] = source[_token(source, first, length, t), source_first + c]
+            for j in cutlass.range_constexpr(new_columns(kept, tokens, per_token)):
+                value, write = _new_column(window, j, kept, length, tokens, per_token)
+                if write:
+                    written[c, j] = value
 
 
 def _counter(arrivals: cute.Tensor, slot, head):

@@ -17,6 +17,7 @@ returns plain DSL values and the kernel body reads the same names whatever the f
 - ``row_span``: where the row's tokens start and how many there are (the conv1d prologue's
   state ends at the last).
 - ``token_slot``: with a per-token slot table, the slot receiving the state after token t.
+- ``conv_slots``: the conv1d prologue's state slots and where its window starts.
 
 Slots are widened to 64 bits before they scale a stride: pool offsets pass 2^31.
 """
@@ -102,6 +103,32 @@ def token_slot(n64, t: int, read_slots, null_slot: int, pool_size):
     neither padding nor past the pool."""
     slot = Int64(read_slots[n64, t])
     return slot, (slot > null_slot) & (slot < pool_size)
+
+
+@dataclass
+class ConvSlots:
+    read: object  # Int64 conv slot whose window is read
+    write: object  # Int64 conv slot the new columns go to
+    owned: object  # Boolean: the row owns its recurrent slots and the conv slot is live
+    offset: object  # Int64 column where the window starts in the slot read
+
+
+def conv_slots(n64, slots: RowSlots, read_slots, num_accepted, per_token_slots: bool,
+               null_slot: int, pool_size) -> ConvSlots:  # fmt: skip
+    """The conv state's slots: the recurrent state's, window at column 0; or, with a per-token
+    slot table, one slot a row (its column 0, which keeps every token's input: see
+    conv.new_columns), the window starting at column ``num_accepted - 1``."""
+    if not per_token_slots:
+        return ConvSlots(read=slots.read, write=slots.write, owned=slots.owned, offset=Int64(0))
+    slot = Int64(read_slots[n64, 0])
+    offset = Int64(0)
+    if num_accepted is not None:
+        offset = Int64(num_accepted[n64]) - 1
+    owned = slots.owned & (slot > null_slot) & (slot < pool_size)
+    # An unowned row reads no column; the offset only has to stay an in-bounds number.
+    return ConvSlots(
+        read=slot, write=slot, owned=owned, offset=cutlass.select_(owned, offset, Int64(0))
+    )
 
 
 def cache_row(n64, cache_rows, null_slot: int, cache):

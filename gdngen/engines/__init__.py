@@ -78,6 +78,86 @@ class EngineAdapter:
             ),
         )
 
+    def decode_core(
+        self,
+        mixed_qkv,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        ssm_state,
+        ssm_state_indices,
+        conv_state,
+        conv_weights,
+        conv_bias,
+        z,
+        norm_weight,
+        norm_eps=1e-6,
+        *,
+        activation="silu",
+        norm_activation="silu",
+        scale=None,
+        num_accepted_tokens=None,
+        query_start_loc=None,
+        max_query_len=None,
+        out=None,
+        use_qk_l2norm_in_kernel=True,
+    ):
+        """The layer's whole decode core in one kernel (docs/engines.md, "The fused core"): the
+        causal conv1d update on the pre-conv ``mixed_qkv``, the gated delta recurrence, and the
+        gated RMSNorm of its output, where the engine runs three kernels.
+
+        - ``mixed_qkv``: ``[B, D]`` (one token a request), or with ``query_start_loc [N + 1]``
+          the packed ``[total_tokens, D]``, D = 2*H*K + HV*V; rows may be strided. ``a``, ``b``:
+          ``[tokens, HV]``; ``z``: ``[tokens, HV, V]``; ``out`` (optional): ``[tokens, HV, V]``.
+        - ``ssm_state [slots, HV, V, K]`` and ``conv_state [slots, D, columns]`` (the engine's
+          views, updated in place) share the slots of ``ssm_state_indices``: ``[N]``, or vLLM's
+          speculative ``[N, 1 + S]`` table with ``num_accepted_tokens [N]``, whose column 0 is
+          the row's conv slot (as vLLM passes ``spec_state_indices[:, 0]`` to its conv).
+        - ``conv_weights [D, W]`` (or ``[D, 1, W]``), ``conv_bias [D]`` or None; ``activation``
+          the conv's, "silu" (or "swish") or None; ``norm_weight [V]``, ``norm_eps`` and
+          ``norm_activation`` the gated RMSNorm's.
+
+        Returns the normed output, shaped as ``z``."""
+        packed = query_start_loc is not None
+        per_token = getattr(ssm_state_indices, "ndim", 1) == 2
+        rows = query_start_loc.shape[0] - 1 if packed else getattr(mixed_qkv, "shape", (None,))[0]
+        bound = "max_query_len"
+        if packed and max_query_len is None:
+            max_query_len = ssm_state_indices.shape[1] if per_token else 1
+            bound = "ssm_state_indices.shape[1]" if per_token else bound
+        conv_activation = {"silu": "silu", "swish": "silu", None: "identity"}.get(
+            activation, activation
+        )
+        output, _ = self._launch(
+            {**_CORE_NAMES, "max_seqlen": bound},
+            dict(
+                mixed_qkv=mixed_qkv,
+                a=a,
+                b=b,
+                A_log=A_log,
+                dt_bias=dt_bias,
+                scale=scale,
+                use_qk_l2norm=use_qk_l2norm_in_kernel,
+                initial_state=ssm_state,
+                initial_state_indices=leading_rows(ssm_state_indices, rows),
+                num_accepted_tokens=leading_rows(num_accepted_tokens, rows),
+                null_slot=self.null_slot,
+                cu_seqlens=query_start_loc,
+                max_seqlen=max_query_len,
+                output=out,
+                z=z,
+                norm_weight=norm_weight,
+                norm_eps=norm_eps,
+                norm_activation=norm_activation,
+                conv_state=conv_state,
+                conv_weight=conv_weights,
+                conv_bias=conv_bias,
+                conv_activation=conv_activation,
+            ),
+        )
+        return output
+
     def _launch(self, names: Mapping[str, str], arguments: dict):
         """``gdn_decode(**arguments)``; a TypeError or ValueError whose message starts with a
         gdn_decode argument in ``names`` is raised again under the engine's name for it."""
@@ -99,6 +179,16 @@ _PACKED_NAMES = {
     "initial_state_indices": "ssm_state_indices",
     "output": "out",
     "use_qk_l2norm": "use_qk_l2norm_in_kernel",
+}
+
+
+#: gdn_decode's argument names -> decode_core's
+_CORE_NAMES = {
+    **_PACKED_NAMES,
+    "initial_state": "ssm_state",
+    "cu_seqlens": "query_start_loc",
+    "conv_weight": "conv_weights",
+    "conv_activation": "activation",
 }
 
 

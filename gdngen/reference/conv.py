@@ -7,7 +7,11 @@ from earlier calls, then this call's T tokens. Output token t of channel c is
     act(bias[c] + sum_{w < W} weight[c, w] * window[c, t + w])
 
 where ``window`` is the state's W - 1 columns (oldest first) followed by the T new inputs, and
-the state afterwards holds the last W - 1 columns of the window. Nothing is rounded here: the
+the state afterwards holds the last W - 1 columns of the window. A slot may keep more columns
+than W - 1; the window is its first W - 1 and the rest stay as they are. In the per-token form
+of speculative decoding (``accepted``), the window starts at column ``accepted - 1`` instead, and
+the state afterwards holds the window's positions 1 .. W - 2 + T from column 0: the newest W - 2
+columns read, then every input, so that the next call can start at any accepted token. Nothing is rounded here: the
 inputs are read as float64, and the new state is rounded to the state's dtype where it is stored.
 """
 
@@ -31,13 +35,16 @@ def causal_conv1d_update(
     slots: torch.Tensor | None = None,
     null_slot: int = -1,
     state_layout: str = "channels_first",
+    accepted: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One call on ``x`` [B, T, D]: returns the outputs [B, T, D] (float64) and the whole conv
     state pool after the call (a new tensor in the pool's dtype).
 
-    ``conv_state`` is [P, D, W - 1] (channels_first) or [P, W - 1, D] (channels_last); batch row
-    n uses slot ``slots[n]`` (slot n without ``slots``). A row whose slot is ``<= null_slot`` is
-    padding: its outputs are zero and no state is read or written. ``weight`` is [D, W]."""
+    ``conv_state`` is [P, D, columns] (channels_first) or [P, columns, D] (channels_last), with
+    columns >= W - 1 (>= W - 2 + T with ``accepted``); batch row n uses slot ``slots[n]`` (slot n
+    without ``slots``). A row whose slot is ``<= null_slot`` is padding: its outputs are zero and
+    no state is read or written. ``weight`` is [D, W]. ``accepted`` [B]: the per-token form (see
+    the module docstring)."""
     if state_layout not in CONV_STATE_LAYOUTS:
         raise ValueError(
             f"state_layout: expected one of {CONV_STATE_LAYOUTS}; got {state_layout!r}"
@@ -53,16 +60,23 @@ def causal_conv1d_update(
         slot = n if slots is None else int(slots[n])
         if slots is not None and slot <= null_slot:
             continue
-        kept = conv_state[slot].double()
-        kept = kept if state_layout == "channels_first" else kept.transpose(0, 1)  # [D, W-1]
+        held = conv_state[slot].double()
+        held = held if state_layout == "channels_first" else held.transpose(0, 1)  # [D, cols]
+        offset = 0 if accepted is None else int(accepted[n]) - 1
+        kept = held[:, offset : offset + width - 1]
         window = torch.cat([kept, x[n].double().transpose(0, 1)], dim=1)  # [D, W - 1 + T]
         for t in range(T):
             out[n, t] = (window[:, t : t + width] * taps).sum(dim=1)
         if bias is not None:
             out[n] += bias.double()
-        stored = window[:, window.shape[1] - (width - 1) :]
-        stored = stored if state_layout == "channels_first" else stored.transpose(0, 1)
-        new_pool[slot] = stored.to(conv_state.dtype)
+        if accepted is None:
+            stored = window[:, window.shape[1] - (width - 1) :]
+        else:
+            stored = window[:, 1:]
+        slot_after = held.clone()
+        slot_after[:, : stored.shape[1]] = stored
+        slot_after = slot_after if state_layout == "channels_first" else slot_after.transpose(0, 1)
+        new_pool[slot] = slot_after.to(conv_state.dtype)
     if activation == "silu":
         out = torch.nn.functional.silu(out)
     return out, new_pool

@@ -64,13 +64,14 @@ def reference_decode_core(
     """One decode-core call on ``mixed_qkv`` [B, T, 2*H*K + HV*V] (pre-conv), ``z`` [B, T, HV, V],
     with the recurrent ``pool`` and ``conv_state`` both indexed by ``slots``.
 
-    ``disable_state_update`` leaves the recurrent state unwritten; the conv state is still
-    advanced over the tokens given (per-token conv states for verify are not modelled yet)."""
+    ``disable_state_update`` leaves both states unwritten (``conv_pool`` is then the input's)."""
     HV, V = z.shape[2], z.shape[3]
     conv_out, conv_pool = causal_conv1d_update(
         mixed_qkv, conv_state, conv_weight, conv_bias, activation=conv_activation, slots=slots,
         null_slot=null_slot, state_layout=conv_state_layout,
     )  # fmt: skip
+    if disable_state_update:
+        conv_pool = conv_state.clone()
     q, k, v = split_mixed_qkv(conv_out, H, K, HV, V)
     if slots is not None:  # reference_decode's padding sentinel is any negative slot
         slots = torch.where(slots.long() <= null_slot, -1, slots.long())

@@ -502,11 +502,8 @@ def check_call(
     conv = check_conv(
         info, conv_state=conv_state, conv_weight=conv_weight, conv_bias=conv_bias,
         conv_activation=conv_activation, q=q, pool=pool, pool_name=pool_name, H=H, K=K, HV=HV,
-        V=V, refused={
-            "initial_state_indices": "a per-token slot table" if per_token_slots else None,
-            "output_state_indices": write_slots, "intermediate_states_buffer": cache_buffer,
-            "disable_state_update": disable_state_update,
-        },
+        V=V, per_token_tokens=max(T, read_slots.size(1)) if per_token_slots else None,
+        refused={"intermediate_states_buffer": cache_buffer},
     )  # fmt: skip
 
     # -- devices -----------------------------------------------------------------------------------

@@ -200,10 +200,11 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
     conv_state = conv_weight = conv_bias = conv_arrivals = None
     if key.conv_width is not None:
         channels = 2 * H * K + HV * V
-        # Either layout engines use ([slots, D, W - 1] or its transpose's view): any strides.
+        # Either layout engines use ([slots, D, columns] or its transpose's view): any strides;
+        # W - 1 columns or more (vLLM's slots keep W - 2 + (1 + S) for speculative decoding).
         conv_state = make_fake_tensor(
             io,
-            (pool_size, channels, key.conv_width - 1),
+            (pool_size, channels, cute.sym_int64(symbol="conv_columns")),
             (outer_stride(1), outer_stride(1), outer_stride(1)),
             assumed_align=ELEMENT_BYTES[key.io_dtype],
         )

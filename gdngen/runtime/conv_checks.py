@@ -4,17 +4,24 @@ With ``conv_state`` and ``conv_weight`` given, q, k and v (or ``mixed_qkv``) are
 before the engine's causal depthwise convolution, whose D = 2*H*K + HV*V channels are q's, k's and
 v's in that order (the rows of the engines' ``mixed_qkv``).
 
-- ``conv_state`` ``[slots, D, W - 1]``: a pool indexed by the same slots as the recurrent state
-  (as many slots; without indices, one per batch row), in q's dtype. Both layouts engines use
-  are served by one kernel: channels-first (each channel's W - 1 columns contiguous) and the
-  transposed view of a ``[slots, W - 1, D]`` buffer (each column's channels contiguous).
+- ``conv_state`` ``[slots, D, columns]``: a pool indexed by the same slots as the recurrent
+  state (as many slots; without indices, one per batch row), in q's dtype. Both layouts engines
+  use are served by one kernel: channels-first (each channel's columns contiguous) and the
+  transposed view of a ``[slots, columns, D]`` buffer (each column's channels contiguous).
+  The window is the first W - 1 columns; more may follow (vLLM sizes every slot for speculative
+  decoding) and are left as they are. With per-token slots (``initial_state_indices [N, 1 + S]``)
+  a row's conv state is the slot in column 0 of its row, its window starts at column
+  ``num_accepted_tokens - 1``, and the call writes W - 2 + (its tokens) columns from column 0,
+  so it needs W - 2 + (1 + S) columns (docs/design.md, "The conv1d prologue").
 - ``conv_weight`` ``[D, W]`` (or a conv module's ``[D, 1, W]``), contiguous, in q's dtype; W one
   of the target's ``conv1d_widths``.
 - ``conv_bias`` ``[D]`` or None; ``conv_activation`` "silu" or "identity".
 
-The prologue serves the decode forms: dense or pooled rows, T tokens each, packed sequences. It
-refuses what would need more than one conv state per row (per-token slots, the verify cache,
-separate write slots, ``disable_state_update``). Errors name the argument, before any launch.
+The prologue serves the decode forms: dense or pooled rows, T tokens each, packed sequences,
+separate write slots (the conv state read from the read slot and written to the write slot),
+``disable_state_update`` (the conv state is not written either) and per-token slots. It refuses
+the verify cache, which would need per-token conv windows. Errors name the argument, before any
+launch.
 """
 
 from __future__ import annotations
@@ -60,11 +67,13 @@ def check_conv(
     K: int,
     HV: int,
     V: int,
+    per_token_tokens: int | None,
     refused: dict[str, object],
 ) -> ConvPrologue | None:
     """The prologue's checked arguments, or None when the call has none (neither ``conv_state``
-    nor ``conv_weight``). ``refused``: the call's arguments the prologue does not serve, by
-    name (None or False where not given)."""
+    nor ``conv_weight``). ``per_token_tokens``: with per-token slots, the most tokens a row may
+    have (the table's columns, 1 + S, or T if more); ``refused``: the call's arguments the
+    prologue does not serve, by name (None or False where not given)."""
     if conv_state is None and conv_weight is None:
         if conv_bias is not None:
             raise ValueError("conv_bias: given without conv_state and conv_weight")
@@ -83,8 +92,8 @@ def check_conv(
     for name, value in refused.items():
         if value is not None and value is not False:
             raise ValueError(
-                f"{name}: not served with the conv1d prologue (it keeps one conv state per row; "
-                "per-token conv states are not built yet)"
+                f"{name}: not served with the conv1d prologue (the verify cache would need "
+                "every token's conv window, which is not built)"
             )
     conv_state = _tensor("conv_state", conv_state)
     conv_weight = conv_weight_view(_tensor("conv_weight", conv_weight))
@@ -107,21 +116,33 @@ def check_conv(
                 f"{name}: expected dtype {_dtype_name(q.dtype)} (as q); got "
                 f"{_dtype_name(tensor.dtype)}"
             )
+    kept = width - 1
+    columns = kept if per_token_tokens is None else kept - 1 + per_token_tokens
+    if per_token_tokens is None:
+        needs = f"W - 1 = {kept} or more"
+    else:
+        needs = f"W - 2 + (1 + S) = {columns} or more, with per-token slots"
     _dims(
-        "conv_state", conv_state, (pool.size(0), channels, width - 1),
-        f"[slots, D, W - 1] with {pool.size(0)} slots (as {pool_name}), D = {channels}, "
-        f"W - 1 = {width - 1}",
+        "conv_state", conv_state, (pool.size(0), channels, None),
+        f"[slots, D, columns] with {pool.size(0)} slots (as {pool_name}), D = {channels}, "
+        f"columns {needs}",
     )  # fmt: skip
-    inner = conv_state.stride()[1:]
-    if inner not in ((width - 1, 1), (1, channels)):
+    if conv_state.size(2) < columns:
         raise ValueError(
-            f"conv_state: expected each slot channels-first (strides [.., {width - 1}, 1]) or "
+            f"conv_state: expected [slots, D, columns] with columns {needs}; got "
+            f"{_shape(conv_state)}"
+        )
+    held = conv_state.size(2)
+    inner = conv_state.stride()[1:]
+    if inner not in ((held, 1), (1, channels)):
+        raise ValueError(
+            f"conv_state: expected each slot channels-first (strides [.., {held}, 1]) or "
             f"channels-last (strides [.., 1, {channels}]); got strides {tuple(conv_state.stride())}"
         )
-    if conv_state.size(0) > 1 and conv_state.stride(0) < channels * (width - 1):
+    if conv_state.size(0) > 1 and conv_state.stride(0) < channels * held:
         raise ValueError(
-            f"conv_state: slots overlap (slot stride {conv_state.stride(0)} < D * (W - 1) = "
-            f"{channels * (width - 1)})"
+            f"conv_state: slots overlap (slot stride {conv_state.stride(0)} < D * columns = "
+            f"{channels * held})"
         )
     if conv_weight.stride() != (width, 1):
         raise ValueError(

@@ -162,11 +162,11 @@ class DecodeCall:
     With ``z`` (the gate, in the output's form) and ``norm_weight`` [V], the output is the gated
     RMSNorm of the recurrence's, ``o / sqrt(mean(o^2) + norm_eps) * norm_weight *
     norm_activation(z)`` per value head, fused into the kernel (targets with
-    ``features.gated_rmsnorm``). With ``conv_state`` [slots, D, W - 1] and ``conv_weight``
+    ``features.gated_rmsnorm``). With ``conv_state`` [slots, D, W - 1 or more] and ``conv_weight``
     [D, W] (``conv_bias`` [D] optional, ``conv_activation`` "silu" or "identity"), q, k, v (or
     ``mixed_qkv``) are taken before the causal conv1d, which the kernel applies, advancing its
     state in place, slot for slot with the recurrent state (targets with
-    ``features.conv1d_widths``).
+    ``features.conv1d_widths``; per-token slots: docs/design.md, "The conv1d prologue").
     """
 
     def __init__(

@@ -6,10 +6,13 @@ import pytest
 import torch
 
 import generated.h200 as h200
+from gdngen.engines.vllm import VllmGdn
 from gdngen.reference import causal_conv1d_update, gated_rmsnorm, reference_decode
+from gdngen.problem import PackedProblem
 from gdngen.reference.core import split_mixed_qkv
 from tests.compare import assert_close
 from tests.gpu.check_call import as_k_last
+from tests.gpu.check_form import check_against, expected_of
 
 pytestmark = pytest.mark.gpu
 
@@ -18,12 +21,13 @@ SERVED = [("k_last", "bf16"), ("k_last", "fp16"), ("k_last", "fp32"), ("v_last",
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def conv_pool(slots, channels, width, layout, gen):
-    """A conv state pool [slots, D, W - 1]: channels-first, or the view engines take of a
-    [slots, W - 1, D] buffer (channels-last)."""
+def conv_pool(slots, channels, width, layout, gen, columns=None):
+    """A conv state pool [slots, D, columns] (W - 1 by default): channels-first, or the view
+    engines take of a [slots, columns, D] buffer (channels-last)."""
+    columns = columns or width - 1
     if layout == "channels_first":
-        return torch.randn(slots, channels, width - 1, generator=gen, device="cuda").bfloat16()
-    kept = torch.randn(slots, width - 1, channels, generator=gen, device="cuda").bfloat16()
+        return torch.randn(slots, channels, columns, generator=gen, device="cuda").bfloat16()
+    kept = torch.randn(slots, columns, channels, generator=gen, device="cuda").bfloat16()
     return kept.transpose(1, 2)
 
 
@@ -216,3 +220,176 @@ def test_packed_mixed_lengths(T):
     assert_close("packed output", got, torch.cat(outs), torch.bfloat16)
     assert torch.equal(conv, conv_ref), "conv state"
     assert_close("states", pool.double(), pool_ref.double(), torch.bfloat16)
+
+
+def test_disable_state_update_leaves_both_states():
+    # Verify without a cache: the outputs as the reference's, no recurrent or conv state written.
+    case = make_case(B=6, T=3, slots=13, padded=(2,), seed=41, conv_layout="channels_last")
+    pool, conv = case["initial_state"], case["conv_state"]
+    pool_before, conv_before = pool.clone(), conv.clone()
+    ref_out, ref, _ = expected(case, H=16, K=128, HV=32, V=128)
+    out, _ = h200.gdn_decode(**case, disable_state_update=True)
+    torch.cuda.synchronize()
+    assert_close("output", out[ref.live], ref_out[ref.live], torch.bfloat16)
+    assert torch.equal(pool, pool_before), "the recurrent state changed"
+    assert torch.equal(conv, conv_before), "the conv state changed"
+
+
+def test_separate_write_slots():
+    # Both states read from the read slots and written to the write slots; the read slots keep
+    # their contents.
+    B, slots = 5, 16
+    case = make_case(B=B, T=2, slots=slots, seed=43)
+    gen = torch.Generator(device="cuda").manual_seed(44)
+    perm = torch.randperm(slots, generator=gen, device="cuda")
+    reads, writes = perm[:B].int(), perm[B : 2 * B].int()
+    writes[3] = -1  # a padded write slot: the row is padding
+    case["initial_state_indices"] = reads
+    pool, conv = case["initial_state"], case["conv_state"]
+    pool_before, conv_before = pool.clone(), conv.clone()
+    conv_out, conv_after = causal_conv1d_update(
+        case["mixed_qkv"], conv_before, case["conv_weight"], case["conv_bias"], slots=reads
+    )
+    q, k, v = split_mixed_qkv(conv_out, 16, 128, 32, 128)
+    live = writes >= 0
+    ref = reference_decode(
+        q, k, v, pool_before, case["A_log"], case["a"], case["dt_bias"], case["b"],
+        read_slots=reads.long(), write_slots=writes.long(),
+    )  # fmt: skip
+    out, _ = h200.gdn_decode(**case, output_state_indices=writes)
+    torch.cuda.synchronize()
+    assert_close("output", out[live], ref.output[live], torch.bfloat16)
+    assert (out[~live] == 0).all()
+    conv_expected = conv_before.clone()
+    conv_expected[writes[live].long()] = conv_after[reads[live].long()]
+    assert torch.equal(conv, conv_expected), "conv state"
+    pool_expected = pool_before.clone()
+    pool_expected[writes[live].long()] = ref.pool[writes[live].long()].to(pool.dtype)
+    untouched = torch.ones(slots, dtype=torch.bool, device="cuda")
+    untouched[writes[live].long()] = False
+    assert torch.equal(pool[untouched], pool_before[untouched]), "a slot not written changed"
+    assert_close("final state", pool[writes[live].long()].double(),
+                 ref.pool[writes[live].long()].double(), torch.bfloat16)  # fmt: skip
+
+
+def test_wider_conv_state_keeps_its_extra_columns():
+    # vLLM sizes every conv slot for speculative decoding (W - 2 + (1 + S) columns); plain decode
+    # uses the first W - 1 and leaves the rest.
+    gen = torch.Generator(device="cuda").manual_seed(45)
+    case = make_case(B=4, T=1, slots=9, padded=(1,), null_slot=0, seed=45)
+    case["conv_state"] = conv_pool(9, case["conv_weight"].shape[0], 4, "channels_last", gen, 7)
+    run_and_check(case)
+
+
+def spec_decode_case(problem: PackedProblem, *, width=4, conv_layout="channels_last", seed=0):
+    """vLLM's speculative-decoding form with the prologue: per-token slots, num_accepted_tokens,
+    packed sequences, pre-conv mixed_qkv, and a conv state of W - 2 + (1 + S) columns a slot."""
+    args = problem.make("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    H, K, HV, V = problem.H, problem.K, problem.HV, problem.V
+    channels = 2 * H * K + HV * V
+    slots = args["initial_state"].shape[0]
+    args.update(
+        conv_state=conv_pool(slots, channels, width, conv_layout, gen, width - 2 + problem.tokens),
+        conv_weight=(torch.randn(channels, width, generator=gen, device="cuda") * 0.5).bfloat16(),
+        conv_bias=(torch.randn(channels, generator=gen, device="cuda") * 0.2).bfloat16(),
+    )
+    return args
+
+
+def spec_decode_expected(args: dict, problem: PackedProblem):
+    """Each sequence convolved on its own (its conv slot: column 0 of its table row; its window
+    at column num_accepted - 1), then the recurrence of the whole call on the conv outputs."""
+    channels = args["conv_weight"].shape[0]
+    x = args["mixed_qkv"].reshape(-1, channels)
+    convolved = torch.zeros(x.shape, dtype=torch.float64, device="cuda")
+    conv_after = args["conv_state"].clone()
+    table, accepted = args["initial_state_indices"].long(), args["num_accepted_tokens"].long()
+    cu, null_slot = args["cu_seqlens"].long(), args["null_slot"]
+    for n in range(table.shape[0]):
+        lo, hi = int(cu[n]), int(cu[n + 1])
+        read = int(table[n, accepted[n] - 1])
+        if hi == lo or read <= null_slot or int(table[n, 0]) <= null_slot:
+            continue
+        out, conv_after = causal_conv1d_update(
+            x[None, lo:hi], conv_after, args["conv_weight"], args["conv_bias"],
+            slots=table[n : n + 1, 0], null_slot=null_slot, accepted=accepted[n : n + 1],
+        )  # fmt: skip
+        convolved[lo:hi] = out[0]
+    pool_before = args["initial_state"].clone()
+    post = dict(args, mixed_qkv=convolved.view(args["mixed_qkv"].shape))
+    return expected_of(post, problem, pool_before, None), conv_after, pool_before
+
+
+@pytest.mark.parametrize("tokens", [2, 4, 8])
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+def test_vllm_spec_decode(tokens, state_dtype):
+    # Every num_accepted_tokens value (rows take 1 .. 1 + S in turn), mixed lengths (one empty),
+    # padded rows under vLLM's null slot 0, the conv state in vLLM's channels-last view.
+    problem = PackedProblem(
+        sequences=3 * tokens + 1, tokens=tokens, HV=32, state_dtype=state_dtype, mixed_qkv=True,
+        mixed_lengths=True, padded_rows=(2, 5), seed=tokens,
+    )  # fmt: skip
+    args = spec_decode_case(problem, seed=tokens)
+    expected_call, conv_after, pool_before = spec_decode_expected(args, problem)
+    out, pool = h200.gdn_decode(**args)
+    torch.cuda.synchronize()
+    check_against(expected_call, out, pool, None, problem, pool_before, None)
+    assert torch.equal(args["conv_state"], conv_after), "conv state"
+
+
+def test_vllm_spec_decode_graph_replay():
+    # A captured spec-decode call replayed with new inputs, and its rows (table, accepted count,
+    # length) shuffled: new contents of every index tensor.
+    problem = PackedProblem(sequences=9, tokens=4, HV=32, mixed_qkv=True, mixed_lengths=True,
+                            padded_rows=(3,), seed=50)  # fmt: skip
+    args = spec_decode_case(problem, seed=50)
+    h200.gdn_decode(**args)  # plan outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = h200.gdn_decode(**args)
+    gen = torch.Generator(device="cuda").manual_seed(51)
+    order = torch.randperm(9, generator=gen, device="cuda")
+    table, accepted, cu = (
+        args["initial_state_indices"],
+        args["num_accepted_tokens"],
+        args["cu_seqlens"],
+    )
+    lengths = (cu[1:] - cu[:-1])[order]
+    table.copy_(table[order])
+    accepted.copy_(accepted[order])
+    cu[1:] = lengths.cumsum(0).to(cu.dtype)
+    args["mixed_qkv"].copy_(torch.randn(args["mixed_qkv"].shape, generator=gen, device="cuda"))
+    expected_call, conv_after, pool_before = spec_decode_expected(args, problem)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against(expected_call, out, args["initial_state"], None, problem, pool_before, None)
+    assert torch.equal(args["conv_state"], conv_after), "conv state"
+
+
+def test_vllm_decode_core_adapter():
+    # The whole core through VllmGdn.decode_core, in vLLM's speculative form: conv, recurrence
+    # and gated RMSNorm against the reference, both states checked.
+    problem = PackedProblem(sequences=7, tokens=4, HV=32, mixed_qkv=True, mixed_lengths=True,
+                            padded_rows=(1,), flat=True, seed=60)  # fmt: skip
+    args = spec_decode_case(problem, seed=60)
+    expected_call, conv_after, pool_before = spec_decode_expected(args, problem)
+    total = args["mixed_qkv"].shape[0]
+    gen = torch.Generator(device="cuda").manual_seed(61)
+    z = torch.randn(total, 32, 128, generator=gen, device="cuda").bfloat16()
+    norm_weight = (1 + 0.5 * torch.randn(128, generator=gen, device="cuda")).bfloat16()
+    out = VllmGdn(h200.gdn_decode).decode_core(
+        args["mixed_qkv"], args["a"], args["b"], args["A_log"], args["dt_bias"],
+        args["initial_state"], args["initial_state_indices"], args["conv_state"],
+        args["conv_weight"], args["conv_bias"], z, norm_weight, 1e-6,
+        query_start_loc=args["cu_seqlens"], num_accepted_tokens=args["num_accepted_tokens"],
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    expected_out = gated_rmsnorm(
+        expected_call.output.view(total, 32, 128), z, norm_weight, eps=1e-6
+    )
+    assert_close("core output", out, expected_out, torch.bfloat16)
+    assert torch.equal(args["conv_state"], conv_after), "conv state"
+    assert_close("states", args["initial_state"].double(), expected_call.pool.double(),
+                 torch.bfloat16)  # fmt: skip
