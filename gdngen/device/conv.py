@@ -36,6 +36,7 @@ import cutlass.cute as cute
 from cutlass import Constexpr, Float32, Int32, Int64
 
 from .norm import activate
+from .rows import ConvSlots, RowSlots, conv_slots, row_span
 
 
 def conv_outputs(tokens: int, head_k_dim: int, tile_v: int) -> cute.Tensor:
@@ -72,16 +73,32 @@ class CtaConv:
     v: ConvPart
     #: the CTAs that read this key head's q/k channels: (HV / H) * (V / tile_v)
     readers: int
-    #: the window's first column in the slot read (rows.conv_slots: 0, or num_accepted - 1)
-    offset: object
+    #: the conv state's slots, whether the row owns them, and where its window starts
+    slots: ConvSlots
+    #: (first token, tokens) of the row (rows.row_span)
+    span: tuple
+
+    @property
+    def offset(self):
+        return self.slots.offset
+
+    @property
+    def owned(self):
+        return self.slots.owned
 
 
 def cta_conv(
-    conv_state, weight, bias, q, k, v, seq, slots, head_qk, hv, v_tile, tile_v: int
-) -> CtaConv:
-    """The parts of a CTA (nothing is loaded here): views of the conv's weight [D, W], bias [D]
-    and the state [D, columns] of the slots read and written (``slots``: rows.ConvSlots), whose
-    D channels are H*K of q, H*K of k, HV*V of v."""
+    conv_state, weight, bias, q, k, v, n64, seq, row: RowSlots, read_slots, num_accepted,
+    per_token_slots: bool, null_slot: int, cu_seqlens, head_qk, hv, v_tile, tokens: int,
+    tile_v: int,
+) -> CtaConv:  # fmt: skip
+    """The parts of a CTA (nothing is loaded here but the row's slots and span): views of the
+    conv's weight [D, W], bias [D] and the state [D, columns] of the slots read and written
+    (rows.conv_slots, from the recurrent state's ``row``), whose D channels are H*K of q, H*K of
+    k, HV*V of v."""
+    slots = conv_slots(
+        n64, row, read_slots, num_accepted, per_token_slots, null_slot, conv_state.shape[0]
+    )
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     read_state = conv_state[slots.read, None, None]
     write_state = conv_state[slots.write, None, None]
@@ -101,15 +118,16 @@ def cta_conv(
         k=part(H + head_qk, K, k[seq, None, head_qk, None], 0, K),
         v=part(v_block, tile_v, v[seq, None, hv, None], v_tile * tile_v, 2 * K),
         readers=(HV // H) * (V // tile_v),
-        offset=slots.offset,
+        slots=slots,
+        span=row_span(n64, tokens, cu_seqlens),
     )
 
 
-def load_conv(conv: CtaConv, owned, span, tokens: int, threads: int) -> list:
+def load_conv(conv: CtaConv, tokens: int, threads: int) -> list:
     """Issue every load of the CTA's conv (windows, inputs, taps, bias) into registers, one
     tensor a part. The kernel calls it before it loads the state, so that the conv's data is
     in flight with the state's and ``convolve`` waits no round trip of its own."""
-    first, length = Int64(span[0]), Int64(span[1])
+    first, length = Int64(conv.span[0]), Int64(conv.span[1])
     kept = conv.q.weight.shape[1] - 1
     held = []
     for part in (conv.q, conv.k, conv.v):
@@ -118,33 +136,32 @@ def load_conv(conv: CtaConv, owned, span, tokens: int, threads: int) -> list:
         loaded = cute.make_rmem_tensor((rounds, 2 * kept + tokens + 2), Float32)
         _load_part(
             loaded, part.weight, part.bias, part.state, part.source, Int32(part.source_first),
-            owned, conv.offset, first, length, tokens, threads,
+            conv.owned, conv.offset, first, length, tokens, threads,
         )  # fmt: skip
         held.append(loaded)
     return held
 
 
 def convolve(
-    outputs, conv: CtaConv, held: list, owned, span, tokens: int, activation: str, threads: int,
+    outputs, conv: CtaConv, held: list, tokens: int, activation: str, threads: int,
     write_state: bool, per_token: bool,
 ):  # fmt: skip
     """Every token's conv outputs of the CTA's channels into ``outputs``, from ``held``
     (load_conv); with ``write_state``, the v channels' new state columns (``new_columns``).
-    ``span``: (first token, tokens) of the row (see rows.row_span). A row that owns no conv
-    state convolves zeros and stores no state. The caller's CTA barrier then publishes
+    A row that owns no conv state convolves zeros and stores no state. The caller's CTA barrier then publishes
     ``outputs`` (and ends the CTA's reads of the state)."""
-    length = Int64(span[1])
+    length = Int64(conv.span[1])
     kept = conv.q.weight.shape[1] - 1
     for part, loaded, write_now in zip((conv.q, conv.k, conv.v), held, (False, False, write_state)):
         _convolve_part(
-            outputs, loaded, part.written, part.out_first, kept, owned, length, tokens,
+            outputs, loaded, part.written, part.out_first, kept, conv.owned, length, tokens,
             activation, write_now, per_token, threads,
         )  # fmt: skip
 
 
-def store_key_head(conv: CtaConv, span, tokens: int, threads: int, per_token: bool):
+def store_key_head(conv: CtaConv, tokens: int, threads: int, per_token: bool):
     """The q and k channels' new state columns (the key head's last reader, at its end)."""
-    first, length = Int64(span[0]), Int64(span[1])
+    first, length = Int64(conv.span[0]), Int64(conv.span[1])
     kept = conv.q.weight.shape[1] - 1
     for part in (conv.q, conv.k):
         _store_part(
