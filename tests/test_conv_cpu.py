@@ -133,6 +133,52 @@ def test_the_feature_checks_its_widths_and_needs_the_fused_rules():
         spec.model_validate({**spec.model_dump(), "features": features})
 
 
+def test_prologue_calls_take_their_own_rules_first():
+    """A call with the prologue is routed by the `conv1d: true` rules before the norm's, and
+    those route no other call."""
+    from gdngen.dispatch import CallShape, select
+
+    table = generated.h200.dispatch.TABLE
+
+    def pick(tokens, batch_heads, conv):
+        shape = CallShape("k_last", "bf16", tokens, batch_heads, True, (128, 128), True, conv)
+        return select(table, shape)
+
+    conv_rules = [rule for rule in table if rule.conv1d]
+    assert conv_rules and all(rule.gated_norm for rule in conv_rules)
+    assert pick(8, 64 * 32, True) in conv_rules
+    assert pick(8, 64 * 32, False) not in conv_rules
+    # A plain call never reaches them.
+    plain = CallShape("k_last", "bf16", 8, 64 * 32, True, (128, 128))
+    assert select(table, plain) not in conv_rules
+    # The call's choice follows Call.conv (checks): with conv_state, the conv rule's variant.
+    assert generated.h200.select(
+        layout="k_last", state_dtype="bf16", tokens=8, batch_heads=2048, intermediate=True,
+        head_dims=(128, 128), gated_norm=True, conv1d=True,
+    ).use == pick(8, 2048, True).use  # fmt: skip
+
+
+def test_a_conv1d_rule_needs_the_feature_and_the_norm_rules_kernels():
+    spec = load_spec(SPEC_PATH)
+    dump = spec.model_dump()
+    index = next(i for i, rule in enumerate(dump["dispatch"]) if rule["conv1d"])
+    # without gated_norm: true
+    broken = spec.model_dump()
+    broken["dispatch"][index]["gated_norm"] = None
+    with pytest.raises(ValueError, match=rf"dispatch\[{index}\]\.conv1d: .* `gated_norm: true`"):
+        spec.model_validate(broken)
+    # without the feature
+    broken = spec.model_dump()
+    broken["features"]["conv1d_widths"] = []
+    with pytest.raises(ValueError, match=rf"dispatch\[{index}\]\.conv1d: .*`conv1d_widths`"):
+        spec.model_validate(broken)
+    # naming a kernel without the epilogue (the staged solve)
+    broken = spec.model_dump()
+    broken["dispatch"][index]["use"] = "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
+    with pytest.raises(ValueError, match=rf"dispatch\[{index}\]\.use: .* has no epilogue"):
+        spec.model_validate(broken)
+
+
 @pytest.mark.parametrize(
     "target,variant,K,T,cu",
     [

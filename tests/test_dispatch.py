@@ -52,10 +52,10 @@ def test_rules_name_known_variants_and_cover_the_target():
     assert load_spec(SPEC_PATH).served == h200.INFO.served
     # calls with and without the gated RMSNorm epilogue (the target has the feature)
     assert h200.INFO.gated_rmsnorm
-    norms = (False, True)
-    assert coverage_gap(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, norms) is None
+    fusions = ((False, False), (True, False), (True, True))
+    assert coverage_gap(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, fusions) is None
     # and no rule is dead weight: each is the first match of some call
-    assert reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, norms) == list(TABLE)
+    assert reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, fusions) == list(TABLE)
     # the epilogue's rules come first and route no call without it
     first = [rule.gated_norm for rule in TABLE]
     assert first == sorted(first, key=lambda norm: not norm)

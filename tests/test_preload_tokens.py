@@ -66,19 +66,36 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     assert "beta = beta_tokens[t]" in solving_loop
 
     # Line for line (as multisets, so wherever a diff aligns the moved block): the preloaded
-    # kernel drops only the old name, and adds only the new one, the lists,
-    # their appends, the preload loop's header, the per-token picks and the comment saying why.
+    # kernel drops only the old name, the conv branch around the loop's own loads (with the conv
+    # prologue it reads shared memory in the loop instead) and the gates' loads inside their
+    # arithmetic; it adds the new name, the lists, their appends, the loop headers (the loads',
+    # then the gates'), the conv test in both loops, the loaded a and b, the gates on them, the
+    # per-token picks and the comment saying why.
     def code_lines(text: str) -> Counter:
         body = text.split('"""', 2)[2]
         return Counter(line.strip() for line in body.splitlines() if line.strip())
 
     dropped = code_lines(plain) - code_lines(preloaded)
     new = code_lines(preloaded) - code_lines(plain)
-    assert dropped == Counter([f'NAME = "{Variant(**STEPWISE[shape]).name_for("sm_90a")}"']), dropped
+    assert dropped == Counter(
+        [
+            f'NAME = "{Variant(**STEPWISE[shape]).name_for("sm_90a")}"',
+            "if cutlass.const_expr(conv_state is not None):",
+            "x = Float32(a[seq, token_at[t], hv]) + bias",
+            "beta = 1.0 / (1.0 + cute.math.exp(-Float32(b[seq, token_at[t], hv])))",
+        ]
+    ), dropped
     expected = Counter(
         [
             f'NAME = "{Variant(**STEPWISE[shape], preload_tokens=True).name_for("sm_90a")}"',
             "for t in cutlass.range_constexpr(T):",
+            "for t in cutlass.range_constexpr(T):",
+            "if cutlass.const_expr(conv_state is None):",
+            "if cutlass.const_expr(conv_state is None):",
+            "a_raw = Float32(a[seq, token_at[t], hv])",
+            "b_raw = Float32(b[seq, token_at[t], hv])",
+            "x = a_tokens[t] + bias",
+            "beta = 1.0 / (1.0 + cute.math.exp(-b_tokens[t]))",
         ]
     )
     for name, listed in [("q_raw", "q"), ("k_raw", "k"), ("v_rows", "v"), ("g", "g"),
@@ -90,10 +107,24 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
                 f"{name} = {listed}_tokens[t]",
             ]
         )
+    for name, listed in [("a_raw", "a"), ("b_raw", "b")]:
+        expected.update([f"{listed}_tokens = []", f"{listed}_tokens.append({name})"])
     comments = Counter({line: n for line, n in new.items() if line.startswith("#")})
     assert new - comments == expected, new - comments
-    assert sum(comments.values()) == 3, comments
+    assert sum(comments.values()) == 5, comments
     # and the diff a reviewer reads is that small: the moved loads (about 34 lines with the
     # conv prologue's shared-memory branch, shown as removed and added where difflib cannot
-    # align them across the epilogue's T = 1 z load, which stays in the loop) and the lists
-    assert len(changed_code_lines(plain, preloaded)) < 100
+    # align them across the epilogue's T = 1 z load, which stays in the loop), the gates'
+    # loop and the lists
+    assert len(changed_code_lines(plain, preloaded)) < 110
+
+
+def test_every_load_comes_before_any_gate_arithmetic():
+    """The preload loop issues every token's loads before the first gate is computed: the gates'
+    branches would otherwise split the loads into a block a token (docs/design.md)."""
+    preloaded = kernel_text({**STEPWISE["k_last"], "preload_tokens": True})
+    solving = preloaded.index(SOLVING_LOOP)
+    first_gate = preloaded.index("softplus_x = x")
+    assert first_gate < solving
+    head = preloaded[:first_gate]
+    assert all(head.count(load) == 1 for load in INPUT_LOADS)

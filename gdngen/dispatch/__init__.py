@@ -8,10 +8,11 @@ with the same matcher (:func:`coverage_gap`).
 """
 
 from .measured import Verdict, measured_rules, verdicts
-from .rules import CallShape, Range, Rule, boundary_shapes, coverage_gap, reached, select
+from .rules import CallShape, Fusion, Range, Rule, boundary_shapes, coverage_gap, reached, select
 
 __all__ = [
     "CallShape",
+    "Fusion",
     "Range",
     "Rule",
     "Verdict",

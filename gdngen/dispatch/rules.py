@@ -59,8 +59,11 @@ class CallShape:
     intermediate: bool
     #: the geometry's head dims (K, V)
     head_dims: tuple[int, int]
-    #: whether the call fuses the gated RMSNorm epilogue (z and norm_weight given)
+    #: whether the call fuses the gated RMSNorm epilogue (z and norm_weight given), or any step
+    #: of the decode core: the kernels that serve either are the same (see Call.fused)
     gated_norm: bool = False
+    #: whether the call fuses the conv1d prologue (then gated_norm is true as well)
+    conv1d: bool = False
 
     def describe(self) -> str:
         return (
@@ -68,7 +71,14 @@ class CallShape:
             f"batch_heads={self.batch_heads} intermediate={'yes' if self.intermediate else 'no'} "
             f"head_dims=K{self.head_dims[0]}xV{self.head_dims[1]}"
             + (" gated_norm=yes" if self.gated_norm else "")
+            + (" conv1d=yes" if self.conv1d else "")
         )
+
+
+#: (gated_norm, conv1d) of the calls a dispatch routes: see CallShape
+Fusion = tuple[bool, bool]
+#: the calls without any fused step
+UNFUSED: tuple[Fusion, ...] = ((False, False),)
 
 
 class Rule(_Strict):
@@ -89,6 +99,9 @@ class Rule(_Strict):
     #: whether the rule is for calls with the gated RMSNorm epilogue (true), without (false), or
     #: both (None). Measured rules are for calls without it: the tuning times the recurrence
     gated_norm: bool | None = None
+    #: whether the rule is for calls with the conv1d prologue (true), without (false), or both
+    #: (None); such calls also have ``gated_norm`` (their kernels are the same)
+    conv1d: bool | None = None
     use: str
     source: str = ""
 
@@ -101,6 +114,7 @@ class Rule(_Strict):
             and self.intermediate in ("any", "yes" if shape.intermediate else "no")
             and self.head_dims in (None, shape.head_dims)
             and self.gated_norm in (None, shape.gated_norm)
+            and self.conv1d in (None, shape.conv1d)
         )
 
 
@@ -117,11 +131,11 @@ def boundary_shapes(
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
-    norms: Iterable[bool] = (False,),
+    fusions: Iterable[Fusion] = UNFUSED,
 ) -> Iterator[CallShape]:
     """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
     pair and head dims, T in 1..max_tokens, with and without intermediate states, with each of
-    ``norms`` (the gated RMSNorm epilogue or not), at each batch*heads where some rule starts or
+    ``fusions`` ((gated_norm, conv1d) pairs), at each batch*heads where some rule starts or
     ends (between those points the choice cannot change)."""
     starts = sorted(
         {1}
@@ -129,15 +143,22 @@ def boundary_shapes(
         | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
     )
     dims = list(head_dims)
-    norms = list(norms)
+    fusions = list(fusions)
     for layout, state_dtype in pairs:
         for head in dims:
-            for norm in norms:
+            for norm, conv in fusions:
                 for tokens in range(1, max_tokens + 1):
                     for intermediate in (False, True):
                         for batch_heads in starts:
                             yield CallShape(
-                                layout, state_dtype, tokens, batch_heads, intermediate, head, norm
+                                layout,
+                                state_dtype,
+                                tokens,
+                                batch_heads,
+                                intermediate,
+                                head,
+                                norm,
+                                conv,
                             )
 
 
@@ -146,12 +167,12 @@ def coverage_gap(
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
-    norms: Iterable[bool] = (False,),
+    fusions: Iterable[Fusion] = UNFUSED,
 ) -> CallShape | None:
     """The first call shape of a served (layout, dtype) pair and head dims that no rule serves,
     or None when the rules cover every T in 1..max_tokens and every batch*heads, with and
-    without intermediate states, at each of ``head_dims`` and ``norms``."""
-    for shape in boundary_shapes(rules, pairs, head_dims, max_tokens, norms):
+    without intermediate states, at each of ``head_dims`` and ``fusions``."""
+    for shape in boundary_shapes(rules, pairs, head_dims, max_tokens, fusions):
         if select(rules, shape) is None:
             return shape
     return None
@@ -162,10 +183,10 @@ def reached(
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
-    norms: Iterable[bool] = (False,),
+    fusions: Iterable[Fusion] = UNFUSED,
 ) -> list[Rule]:
-    """The rules that first-match serves some call of ``pairs`` at ``head_dims`` and ``norms``
+    """The rules that first-match serves some call of ``pairs`` at ``head_dims`` and ``fusions``
     (in table order): the others are shadowed by rules before them and can be left out."""
-    shapes = boundary_shapes(rules, pairs, head_dims, max_tokens, norms)
+    shapes = boundary_shapes(rules, pairs, head_dims, max_tokens, fusions)
     hit = {id(select(rules, shape)) for shape in shapes}
     return [rule for rule in rules if id(rule) in hit]

@@ -251,10 +251,10 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
             measured.cells, pairs, spec.features.max_tokens, measured.name, spec.tuning_head_dims
         )
     rules += [rule for rule in static if not rule.gated_norm]
-    gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.norms)
+    gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured
         where = measured.name if measured else "the spec's dispatch"
         raise TuningError(
             f"{where}: its dispatch rules leave a gap: no rule serves {gap.describe()}"
         )
-    return reached(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.norms)
+    return reached(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)

@@ -127,17 +127,20 @@ class Target:
         head_dims: tuple[int, int],
         gpu: str | None = None,
         gated_norm: bool = False,
+        conv1d: bool = False,
     ) -> Rule:
         """The dispatch rule that serves a call of this shape (``head_dims``: the geometry's
-        (K, V); ``gated_norm``: with the gated RMSNorm epilogue) on ``gpu`` (a device name; None:
+        (K, V); ``gated_norm``: with the gated RMSNorm epilogue, ``conv1d``: with the conv1d
+        prologue as well) on ``gpu`` (a device name; None:
         the current CUDA device's, or the default table without one); LookupError if none does."""
         if gpu is None and torch.cuda.is_available():
             table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
         else:
             table = self.table if gpu is None else self.table_for(gpu).table
         shape = CallShape(
-            layout, state_dtype, tokens, batch_heads, intermediate, tuple(head_dims), gated_norm
-        )
+            layout, state_dtype, tokens, batch_heads, intermediate, tuple(head_dims),
+            gated_norm, conv1d,
+        )  # fmt: skip
         return self._rule(table, shape)
 
     def _rule(self, table: tuple[Rule, ...], shape: CallShape) -> Rule:
@@ -151,7 +154,7 @@ class Target:
     def _choose(self, call: Call) -> str:
         shape = CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads,
-            call.stores_token_states, (call.K, call.V), call.fused,
+            call.stores_token_states, (call.K, call.V), call.fused, call.conv is not None,
         )  # fmt: skip
         return self._rule(self._device_table(call.pool.device), shape).use
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
-from gdngen.dispatch import Rule, boundary_shapes, coverage_gap, select
+from gdngen.dispatch import Fusion, Rule, boundary_shapes, coverage_gap, select
 from gdngen.terms import (
     LAYOUT_PREFIX,
     PORTABLE_CLUSTER,
@@ -614,7 +614,7 @@ class Spec(_Strict):
                     f"tuning grid measures one (K, V), the first geometry with each HV's"
                 )
         gap = coverage_gap(
-            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.norms
+            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.fusions
         )
         if gap is not None:
             raise ValueError(
@@ -629,14 +629,26 @@ class Spec(_Strict):
                     f"dispatch[{index}].gated_norm: the spec's features do not have the gated "
                     "RMSNorm epilogue; add `gated_rmsnorm: true` under `features:`"
                 )
+            if rule.conv1d and not (self.features.conv1d_widths and rule.gated_norm):
+                raise ValueError(
+                    f"dispatch[{index}].conv1d: a rule for calls with the conv1d prologue needs "
+                    "`conv1d_widths` under `features:` and `gated_norm: true` on the rule (the "
+                    "fused-core kernels serve it)"
+                )
         self._check_rules_fit_calls()
         return self
 
     @property
-    def norms(self) -> tuple[bool, ...]:
-        """The calls the dispatch must route: without the gated RMSNorm epilogue, and with it
-        where the spec's features have it."""
-        return (False, True) if self.features.gated_rmsnorm else (False,)
+    def fusions(self) -> tuple[Fusion, ...]:
+        """The calls the dispatch must route, as (gated_norm, conv1d): unfused; with the gated
+        RMSNorm epilogue where the spec's features have it; and with the conv1d prologue too
+        where they have that."""
+        fusions = [(False, False)]
+        if self.features.gated_rmsnorm:
+            fusions.append((True, False))
+        if self.features.conv1d_widths:
+            fusions.append((True, True))
+        return tuple(fusions)
 
     def _check_rules_fit_calls(self) -> None:
         """Every call the static rules can route must land on a variant built for its head dims
@@ -651,7 +663,7 @@ class Spec(_Strict):
                     "serves calls without the gated RMSNorm; give the rule `gated_norm: true`"
                 )
         for shape in boundary_shapes(
-            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.norms
+            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.fusions
         ):
             rule = select(self.dispatch, shape)
             variant = by_name[rule.use]
