@@ -83,6 +83,11 @@ class CtaConv:
         return self.slots.offset
 
     @property
+    def kept(self) -> int:
+        """The window's columns the state keeps, W - 1."""
+        return self.q.weight.shape[1] - 1
+
+    @property
     def owned(self):
         return self.slots.owned
 
@@ -128,7 +133,7 @@ def load_conv(conv: CtaConv, tokens: int, threads: int) -> list:
     tensor a part. The kernel calls it before it loads the state, so that the conv's data is
     in flight with the state's and ``convolve`` waits no round trip of its own."""
     first, length = Int64(conv.span[0]), Int64(conv.span[1])
-    kept = conv.q.weight.shape[1] - 1
+    kept = conv.kept
     held = []
     for part in (conv.q, conv.k, conv.v):
         rounds = (part.weight.shape[0] + threads - 1) // threads
@@ -148,10 +153,10 @@ def convolve(
 ):  # fmt: skip
     """Every token's conv outputs of the CTA's channels into ``outputs``, from ``held``
     (load_conv); with ``write_state``, the v channels' new state columns (``new_columns``).
-    A row that owns no conv state convolves zeros and stores no state. The caller's CTA barrier then publishes
-    ``outputs`` (and ends the CTA's reads of the state)."""
+    A row that owns no conv state convolves zeros and stores no state. The caller's CTA barrier
+    then publishes ``outputs`` (and ends the CTA's reads of the state)."""
     length = Int64(conv.span[1])
-    kept = conv.q.weight.shape[1] - 1
+    kept = conv.kept
     for part, loaded, write_now in zip((conv.q, conv.k, conv.v), held, (False, False, write_state)):
         _convolve_part(
             outputs, loaded, part.written, part.out_first, kept, conv.owned, length, tokens,
@@ -162,7 +167,7 @@ def convolve(
 def store_key_head(conv: CtaConv, tokens: int, threads: int, per_token: bool):
     """The q and k channels' new state columns (the key head's last reader, at its end)."""
     first, length = Int64(conv.span[0]), Int64(conv.span[1])
-    kept = conv.q.weight.shape[1] - 1
+    kept = conv.kept
     for part in (conv.q, conv.k):
         _store_part(
             part.state, part.written, part.source, Int32(part.source_first), conv.offset, kept,

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-__all__ = ["EngineAdapter", "SglangGdn", "VllmGdn", "leading_rows", "token_gates"]
+__all__ = [
+    "EngineAdapter",
+    "SglangGdn",
+    "VllmGdn",
+    "leading_rows",
+    "token_gates",
+    "vllm_token_bound",
+]
 
 
 class EngineAdapter:
@@ -124,11 +131,7 @@ class EngineAdapter:
         rows = query_start_loc.shape[0] - 1 if packed else getattr(mixed_qkv, "shape", (None,))[0]
         bound = "max_query_len"
         if packed and max_query_len is None:
-            max_query_len = ssm_state_indices.shape[1] if per_token else 1
-            bound = "ssm_state_indices.shape[1]" if per_token else bound
-        conv_activation = {"silu": "silu", "swish": "silu", None: "identity"}.get(
-            activation, activation
-        )
+            max_query_len, bound = vllm_token_bound(ssm_state_indices, per_token, bound)
         output, _ = self._launch(
             {**_CORE_NAMES, "max_seqlen": bound},
             dict(
@@ -153,7 +156,7 @@ class EngineAdapter:
                 conv_state=conv_state,
                 conv_weight=conv_weights,
                 conv_bias=conv_bias,
-                conv_activation=conv_activation,
+                conv_activation=_CONV_ACTIVATIONS.get(activation, activation),
             ),
         )
         return output
@@ -190,6 +193,20 @@ _CORE_NAMES = {
     "conv_weight": "conv_weights",
     "conv_activation": "activation",
 }
+
+
+#: the engines' conv activation names -> gdn_decode's ``conv_activation`` (others pass through
+#: to its check)
+_CONV_ACTIVATIONS = {"silu": "silu", "swish": "silu", None: "identity"}
+
+
+def vllm_token_bound(ssm_state_indices, per_token: bool, given_name: str) -> tuple[int, str]:
+    """The token bound of a packed call whose caller gave none, from shapes only, and the name
+    an error about it should use: the per-token table's width (1 + S), else 1 (decode); with
+    ``[N]`` indices the name stays ``given_name`` (the engine's argument)."""
+    if per_token:
+        return ssm_state_indices.shape[1], "ssm_state_indices.shape[1]"
+    return 1, given_name
 
 
 def _renamed(error: Exception, names: Mapping[str, str]) -> Exception | None:

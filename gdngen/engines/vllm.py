@@ -17,7 +17,7 @@ writes no state, so the adapter passes ``null_slot=0``.
 
 from __future__ import annotations
 
-from . import EngineAdapter, leading_rows, token_gates
+from . import EngineAdapter, leading_rows, token_gates, vllm_token_bound
 
 __all__ = ["VllmGdn"]
 
@@ -111,8 +111,7 @@ class VllmGdn(EngineAdapter):
                 )
             rows = cu_seqlens.shape[0] - 1
             if max_seqlen is None:
-                max_seqlen = ssm_state_indices.shape[1] if per_token else 1
-                bound = "ssm_state_indices.shape[1]" if per_token else bound
+                max_seqlen, bound = vllm_token_bound(ssm_state_indices, per_token, bound)
         else:
             rows = q.shape[0]
             if not per_token and q.shape[1] > 1:
