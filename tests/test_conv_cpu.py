@@ -45,11 +45,11 @@ def test_a_valid_conv_call_is_checked_into_the_call_and_the_key():
 
 @pytest.mark.parametrize(
     "form",
-    ["per_token", "separate_write_slots", "disable_state_update", "wide_state"],
+    ["per_token", "separate_write_slots", "disable_state_update", "verify_cache", "wide_state"],
 )
 def test_the_prologue_serves_the_engine_forms(form):
     # vLLM's speculative decoding (a [N, 1 + S] table, W - 2 + (1 + S) conv columns), separate
-    # write slots, verify without a cache, and vLLM's wide slots in plain decode.
+    # write slots, verify without a cache and with one, and vLLM's wide slots in plain decode.
     from gdngen.runtime.checks import check_call
 
     if form == "per_token":
@@ -62,10 +62,22 @@ def test_the_prologue_serves_the_engine_forms(form):
         args = conv_args(output_state_indices=torch.arange(B, dtype=torch.int32) + 4)
     elif form == "disable_state_update":
         args = conv_args(disable_state_update=True)
+    elif form == "verify_cache":
+        # SGLang's verify: pool-row cache rows, and its deduplicated window view (one
+        # [R, D, steps + W - 2] buffer, a step as far as a column: consecutive windows overlap).
+        rows, steps = 6, 2
+        shared = torch.zeros(rows, D, steps + 2, dtype=torch.bfloat16)
+        windows = shared.as_strided((rows, steps, D, 3), (shared.stride(0), 1, steps + 2, 1))
+        args = conv_args(
+            intermediate_states_buffer=torch.zeros(rows, steps, HV, V, K, dtype=torch.bfloat16),
+            intermediate_state_indices=torch.arange(B, dtype=torch.int32) % rows,
+            intermediate_conv_windows=windows, disable_state_update=True,
+        )  # fmt: skip
     else:
         args = conv_args(conv_state=torch.zeros(POOL, D, 7, dtype=torch.bfloat16))
     call = check_call(INFO, **on_fake_cuda(args))
     assert call.conv is not None and call.conv.width == 4
+    assert (call.conv.windows is not None) == (form == "verify_cache") == call.cache
 
 
 @pytest.mark.parametrize(
@@ -96,15 +108,32 @@ def test_the_prologue_serves_the_engine_forms(form):
         (dict(conv_activation="relu"), ValueError,
          ["conv_activation: expected one of ('silu', 'identity'); got 'relu'"]),
         (dict(intermediate_states_buffer=torch.zeros(B, 1, HV, V, K, dtype=torch.bfloat16)),
-         ValueError, ["intermediate_states_buffer: not served with the conv1d prologue",
-                      "every token's conv window"]),
+         ValueError, ["intermediate_conv_windows: the verify cache (intermediate_states_buffer) "
+                      "with the conv1d prologue caches every token's conv window",
+                      f"[R, cache_steps, D = {D}, W - 1 = 3]"]),
+        (dict(intermediate_conv_windows=torch.zeros(B, 1, D, 3, dtype=torch.bfloat16)),
+         ValueError, ["intermediate_conv_windows: the verify cache's conv windows, given without "
+                      "its intermediate_states_buffer"]),
+        (dict(intermediate_states_buffer=torch.zeros(B, 2, HV, V, K, dtype=torch.bfloat16),
+              intermediate_conv_windows=torch.zeros(B, 1, D, 3, dtype=torch.bfloat16)),
+         ValueError, ["intermediate_conv_windows: expected shape [R, cache_steps, D, W - 1] with "
+                      f"R = {B} and cache_steps = 2 (as intermediate_states_buffer)",
+                      f"got [{B}, 1, {D}, 3]"]),
+        (dict(intermediate_states_buffer=torch.zeros(B, 1, HV, V, K, dtype=torch.bfloat16),
+              intermediate_conv_windows=torch.zeros(B, 1, D, 4, dtype=torch.bfloat16)),
+         ValueError, ["intermediate_conv_windows: expected shape", "W - 1 = 3",
+                      f"got [{B}, 1, {D}, 4]"]),
+        (dict(intermediate_states_buffer=torch.zeros(B, 1, HV, V, K, dtype=torch.bfloat16),
+              intermediate_conv_windows=torch.zeros(B, 1, D, 3)),
+         TypeError, ["intermediate_conv_windows: expected dtype bfloat16 (as q); got float32"]),
         (dict(initial_state_indices=torch.arange(B * 4, dtype=torch.int32).view(B, 4) % POOL),
          ValueError, ["conv_state: expected [slots, D, columns] with columns "
                       "W - 2 + (1 + S) = 6 or more, with per-token slots", f"[{POOL}, {D}, 3]"]),
     ],
     ids=["no_weight", "no_state", "width", "channels", "weight_strided", "state_shape",
          "state_columns", "state_slots", "state_strided", "state_dtype", "bias_shape",
-         "activation", "verify_cache", "per_token_columns"],
+         "activation", "cache_without_windows", "windows_without_cache", "windows_steps",
+         "windows_width", "windows_dtype", "per_token_columns"],
 )  # fmt: skip
 def test_bad_conv_arguments_name_the_argument(changes, exc, fragments):
     raises(exc, conv_args(**changes), *fragments)
@@ -113,6 +142,12 @@ def test_bad_conv_arguments_name_the_argument(changes, exc, fragments):
 def test_bias_alone_and_a_target_without_the_feature():
     args = conv_args(conv_state=None, conv_weight=None)
     raises(ValueError, args, "conv_bias: given without conv_state and conv_weight")
+    args = conv_args(conv_state=None, conv_weight=None, conv_bias=None)
+    args.update(
+        intermediate_states_buffer=torch.zeros(B, 1, HV, V, K, dtype=torch.bfloat16),
+        intermediate_conv_windows=torch.zeros(B, 1, D, 3, dtype=torch.bfloat16),
+    )
+    raises(ValueError, args, "intermediate_conv_windows: given without conv_state and conv_weight")
     info = dataclasses.replace(INFO, conv1d_widths=())
     raises(ValueError, conv_args(), "without the conv1d prologue", "conv1d_widths", info=info)
 
@@ -209,8 +244,10 @@ def test_the_prologue_compiles_for_each_target(target, variant, K, T, cu):
     [dict(per_token_slots=True, num_accepted=True, null_slot=0, cu_seqlens_dtype="int32",
           write_final_state=False),
      dict(separate_write_slots=True),
-     dict(write_final_state=False)],
-    ids=["vllm_spec_decode", "separate_write_slots", "no_state_update"],
+     dict(write_final_state=False),
+     dict(cache=True, cache_rows=True, write_final_state=False, null_slot=-1,
+          cu_seqlens_dtype="int32")],
+    ids=["vllm_spec_decode", "separate_write_slots", "no_state_update", "sglang_verify_cache"],
 )  # fmt: skip
 def test_the_prologue_compiles_in_every_slot_form(form):
     module = importlib.import_module("generated.h200.kernels.kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90")
@@ -262,3 +299,22 @@ def test_the_reference_per_token_form_resumes_at_any_accepted_token():
         plain = causal_conv1d_update(x[:, :accepted], plain, weight)[1]
         expected = causal_conv1d_update(follow, plain, weight)[0]
         assert torch.allclose(resumed, expected), accepted
+
+
+def test_the_reference_windows_restore_the_state_at_any_accepted_token():
+    # The verify cache's window after token t is the conv state a plain call of tokens 0..t
+    # leaves: copying it into the slot rolls the conv state back to an accepted token.
+    from gdngen.reference import causal_conv1d_update, conv_windows
+
+    gen = torch.Generator().manual_seed(5)
+    width, T, channels = 4, 3, 5
+    pool = torch.randn(3, channels, width - 1, generator=gen, dtype=torch.float64)
+    weight = torch.randn(channels, width, generator=gen, dtype=torch.float64)
+    x = torch.randn(2, T, channels, generator=gen, dtype=torch.float64)
+    slots = torch.tensor([2, -1])
+    windows = conv_windows(x, pool, width, slots=slots)
+    assert windows.shape == (2, T, channels, width - 1)
+    assert not windows[1].any(), "a padded row has no windows"
+    for t in range(T):
+        plain = causal_conv1d_update(x[:1, : t + 1], pool, weight, slots=slots[:1])[1]
+        assert torch.equal(windows[0, t], plain[2])

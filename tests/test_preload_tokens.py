@@ -51,14 +51,16 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     plain = kernel_text(STEPWISE[shape])
     preloaded = kernel_text({**STEPWISE[shape], "preload_tokens": True})
 
-    # Plain: the loads are inside the solving loop. Preloaded: every one of them comes before it,
-    # and the solving loop takes token t's values from the lists.
-    def loads_before_solving_loop(text: str) -> int:
+    # Plain: the q, k and v loads are inside the solving loop, and a and b's too but for the
+    # conv1d prologue's block, which loads every token's gate inputs before its barrier.
+    # Preloaded: every one of them comes before it, and the solving loop takes token t's values
+    # from the lists.
+    def loads_before_solving_loop(text: str) -> list[int]:
         head = text[: text.index(SOLVING_LOOP)]
-        return sum(head.count(load) for load in INPUT_LOADS)
+        return [head.count(load) for load in INPUT_LOADS]
 
-    assert loads_before_solving_loop(plain) == 0
-    assert loads_before_solving_loop(preloaded) == len(INPUT_LOADS)
+    assert loads_before_solving_loop(plain) == [0, 0, 0, 1, 1]
+    assert loads_before_solving_loop(preloaded) == [1] * len(INPUT_LOADS)
     solving_loop = preloaded[preloaded.index(SOLVING_LOOP) :]
     assert not any(load in solving_loop for load in INPUT_LOADS)
     for name, listed in [("q_raw", "q"), ("k_raw", "k"), ("v_rows", "v"), ("g", "g")]:
@@ -66,36 +68,41 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     assert "beta = beta_tokens[t]" in solving_loop
 
     # Line for line (as multisets, so wherever a diff aligns the moved block): the preloaded
-    # kernel drops only the old name, the conv branch around the loop's own loads (with the conv
-    # prologue it reads shared memory in the loop instead) and the gates' loads inside their
-    # arithmetic; it adds the new name, the lists, their appends, the loop headers (the loads',
-    # then the gates'), the conv test in both loops, the loaded a and b, the gates on them, the
-    # per-token picks and the comment saying why.
+    # kernel drops only the old name, the conv prologue's own gate block (the preload loop
+    # loads those gates) and the conv branch in the loop with the gates computed there (twice
+    # in the plain kernel: on the prologue's gate inputs and on loads of their own); it adds
+    # the new name, the lists, their appends, the loads' loop, the conv test in both loops,
+    # the gates' loop, the per-token picks and the comment saying why.
     def code_lines(text: str) -> Counter:
         body = text.split('"""', 2)[2]
         return Counter(line.strip() for line in body.splitlines() if line.strip())
 
     dropped = code_lines(plain) - code_lines(preloaded)
     new = code_lines(preloaded) - code_lines(plain)
-    assert dropped == Counter(
+    dropped_comments = Counter({line: n for line, n in dropped.items() if line.startswith("#")})
+    assert dropped - dropped_comments == Counter(
         [
             f'NAME = "{Variant(**STEPWISE[shape]).name_for("sm_90a")}"',
             "if cutlass.const_expr(conv_state is not None):",
+            "if cutlass.const_expr(conv_state is not None):",
             "x = Float32(a[seq, token_at[t], hv]) + bias",
+            "softplus_x = x",
+            "if x <= SOFTPLUS_THRESHOLD:",
+            "softplus_x = cute.math.log1p(cute.math.exp(x))",
+            "g = cute.math.exp(A * softplus_x)",
+            "if cutlass.const_expr(cu_seqlens is not None):",
+            "g = Float32(cutlass.select_(token_live[t], g, Float32(1.0)))",
+            "beta = Float32(cutlass.select_(token_live[t], beta, Float32(0.0)))",
             "beta = 1.0 / (1.0 + cute.math.exp(-Float32(b[seq, token_at[t], hv])))",
         ]
     ), dropped
+    assert sum(dropped_comments.values()) == 1, dropped_comments
     expected = Counter(
         [
             f'NAME = "{Variant(**STEPWISE[shape], preload_tokens=True).name_for("sm_90a")}"',
             "for t in cutlass.range_constexpr(T):",
-            "for t in cutlass.range_constexpr(T):",
             "if cutlass.const_expr(conv_state is None):",
             "if cutlass.const_expr(conv_state is None):",
-            "a_raw = Float32(a[seq, token_at[t], hv])",
-            "b_raw = Float32(b[seq, token_at[t], hv])",
-            "x = a_tokens[t] + bias",
-            "beta = 1.0 / (1.0 + cute.math.exp(-b_tokens[t]))",
         ]
     )
     for name, listed in [("q_raw", "q"), ("k_raw", "k"), ("v_rows", "v"), ("g", "g"),
@@ -107,8 +114,6 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
                 f"{name} = {listed}_tokens[t]",
             ]
         )
-    for name, listed in [("a_raw", "a"), ("b_raw", "b")]:
-        expected.update([f"{listed}_tokens = []", f"{listed}_tokens.append({name})"])
     comments = Counter({line: n for line, n in new.items() if line.startswith("#")})
     assert new - comments == expected, new - comments
     assert sum(comments.values()) == 5, comments

@@ -25,6 +25,12 @@ writes them, and every reader is past them), and takes its readers back off the 
 (``leave``), so the count is zero again for the next call. The add's result is only needed at
 the kernel's end, so its round trip hides behind the tokens. Rows that share a slot (a caller's
 error) still leave the count at zero: it is read modulo the readers.
+
+The verify cache's conv windows (``intermediate_conv_windows [R, steps, D, W - 1]``, at the
+recurrent cache's row): the window after each token of the row, written from the registers
+``convolve`` already holds. A v channel's by its thread; a q or k channel's by the key head's
+first CTA alone (``CtaConv.first_reader``): the windows are not state any CTA reads, so they
+need no count.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 from .norm import activate
 from .rows import ConvSlots, RowSlots, conv_slots, row_span
@@ -61,6 +69,10 @@ class ConvPart:
     source_first: object
     #: where the part's outputs start along conv_outputs' channels
     out_first: int
+    #: its windows in the verify cache's row, [steps, n, W - 1] (None without the cache), and
+    #: whether this CTA writes them
+    windows: object
+    writes_windows: object
 
 
 @dataclass(frozen=True)
@@ -93,35 +105,49 @@ class CtaConv:
 
 
 def cta_conv(
-    conv_state, weight, bias, q, k, v, n64, seq, row: RowSlots, read_slots, num_accepted,
-    per_token_slots: bool, null_slot: int, cu_seqlens, head_qk, hv, v_tile, tokens: int,
-    tile_v: int,
+    conv_state, weight, bias, windows, q, k, v, n64, seq, row: RowSlots, read_slots,
+    num_accepted, per_token_slots: bool, null_slot: int, cu_seqlens, cache_at, cache_ok,
+    head_qk, hv, v_tile, tokens: int, tile_v: int,
 ) -> CtaConv:  # fmt: skip
     """The parts of a CTA (nothing is loaded here but the row's slots and span): views of the
     conv's weight [D, W], bias [D] and the state [D, columns] of the slots read and written
     (rows.conv_slots, from the recurrent state's ``row``), whose D channels are H*K of q, H*K of
-    k, HV*V of v."""
+    k, HV*V of v; with the verify cache, of the windows [steps, D, W - 1] in its row
+    ``cache_at`` (written where ``cache_ok``, rows.cache_row)."""
     slots = conv_slots(
         n64, row, read_slots, num_accepted, per_token_slots, null_slot, conv_state.shape[0]
     )
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     read_state = conv_state[slots.read, None, None]
     write_state = conv_state[slots.write, None, None]
+    row_windows = cached = first_reader = None
+    if cutlass.const_expr(windows is not None):
+        row_windows = windows[cache_at, None, None, None]
+        cached = slots.owned & cache_ok
+        # The key head's first CTA, the one that writes its q/k windows.
+        first_reader = cached & (v_tile == 0) & (hv % (HV // H) == 0)
 
-    def part(block, n, source, source_first, out_first):
+    def part(block, n, source, source_first, out_first, writes_windows):
         rows = cute.local_tile(weight, (n, weight.shape[1]), (block, 0))
         kept = cute.local_tile(read_state, (n, read_state.shape[1]), (block, 0))
         written = cute.local_tile(write_state, (n, write_state.shape[1]), (block, 0))
         bias_rows = None
         if cutlass.const_expr(bias is not None):
             bias_rows = cute.local_tile(bias, (n,), (block,))
-        return ConvPart(rows, bias_rows, kept, written, source, source_first, out_first)
+        part_windows = None
+        if cutlass.const_expr(windows is not None):
+            steps, _, kept_columns = row_windows.shape
+            part_windows = cute.local_tile(row_windows, (steps, n, kept_columns), (0, block, 0))
+        return ConvPart(
+            rows, bias_rows, kept, written, source, source_first, out_first, part_windows,
+            writes_windows,
+        )  # fmt: skip
 
     v_block = 2 * H * K // tile_v + hv * (V // tile_v) + v_tile
     return CtaConv(
-        q=part(head_qk, K, q[seq, None, head_qk, None], 0, 0),
-        k=part(H + head_qk, K, k[seq, None, head_qk, None], 0, K),
-        v=part(v_block, tile_v, v[seq, None, hv, None], v_tile * tile_v, 2 * K),
+        q=part(head_qk, K, q[seq, None, head_qk, None], 0, 0, first_reader),
+        k=part(H + head_qk, K, k[seq, None, head_qk, None], 0, K, first_reader),
+        v=part(v_block, tile_v, v[seq, None, hv, None], v_tile * tile_v, 2 * K, cached),
         readers=(HV // H) * (V // tile_v),
         slots=slots,
         span=row_span(n64, tokens, cu_seqlens),
@@ -152,15 +178,16 @@ def convolve(
     write_state: bool, per_token: bool,
 ):  # fmt: skip
     """Every token's conv outputs of the CTA's channels into ``outputs``, from ``held``
-    (load_conv); with ``write_state``, the v channels' new state columns (``new_columns``).
-    A row that owns no conv state convolves zeros and stores no state. The caller's CTA barrier
-    then publishes ``outputs`` (and ends the CTA's reads of the state)."""
+    (load_conv); with ``write_state``, the v channels' new state columns (``new_columns``);
+    with the verify cache, the windows this CTA writes. A row that owns no conv state convolves
+    zeros and stores no state. The caller's CTA barrier then publishes ``outputs`` (and ends the
+    CTA's reads of the state)."""
     length = Int64(conv.span[1])
     kept = conv.kept
     for part, loaded, write_now in zip((conv.q, conv.k, conv.v), held, (False, False, write_state)):
         _convolve_part(
             outputs, loaded, part.written, part.out_first, kept, conv.owned, length, tokens,
-            activation, write_now, per_token, threads,
+            activation, write_now, per_token, threads, part.windows, part.writes_windows,
         )  # fmt: skip
 
 
@@ -259,8 +286,11 @@ def _convolve_part(
     write_now: Constexpr[bool],
     per_token: Constexpr[bool],
     threads: Constexpr[int],
+    windows,
+    writes_windows,
 ):
-    """A part's outputs from its ``loaded`` rows; with ``write_now``, its new state columns."""
+    """A part's outputs from its ``loaded`` rows; with ``write_now``, its new state columns;
+    with ``windows`` (where ``writes_windows``), the window after each of the row's tokens."""
     channels = written.shape[0]
     taps = kept + tokens
     tidx, _, _ = cute.arch.thread_idx()
@@ -282,6 +312,15 @@ def _convolve_part(
                         )
                         if write:
                             written[c, j] = Float32(value).to(written.element_type)
+            if cutlass.const_expr(windows is not None):
+                if writes_windows:
+                    # After token t the window is positions t + 1 .. t + W - 1 of the loaded
+                    # row (its kept columns, then the tokens). Overlapping windows (a caller's
+                    # view with step stride = column stride) get the same value twice.
+                    for t in cutlass.range_constexpr(tokens):
+                        if Int64(t) < length:
+                            for j in cutlass.range_constexpr(kept):
+                                windows[t, c, j] = loaded[r, t + 1 + j].to(windows.element_type)
 
 
 @cute.jit
@@ -339,3 +378,25 @@ def leave(arrivals: cute.Tensor, slot, head, readers: int) -> None:
     cute.arch.atomic_add(
         _counter(arrivals, slot, head), Int32(-readers), sem="relaxed", scope="gpu"
     )
+
+
+def hold_until_here(tile: cute.Tensor) -> None:
+    """Make each value of the register tensor ``tile`` opaque at this point of the program, so
+    that no use of it (its conversion to fp32, say) moves above here. The kernel calls it on the
+    raw state after the prologue's barrier: otherwise LLVM folds the conversion into the load's
+    branch, where each thread then waits for the state before the prologue's work."""
+    words = cute.recast_tensor(tile, Int32)  # as loaded: 16-bit halves would need unpacking
+    for i in range(cute.size(words)):  # unrolled at trace time
+        words[i] = _opaque(words[i])
+
+
+@dsl_user_op
+def _opaque(word, *, loc=None, ip=None):
+    """A 32-bit ``word`` through an empty volatile inline asm: the same bits, which the
+    compilers can neither see through nor move across the program's other side effects (its
+    barriers)."""
+    held = llvm.inline_asm(
+        Int32.mlir_type, [Int32(word).ir_value(loc=loc, ip=ip)], "", "=r,0",
+        has_side_effects=True, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Int32(held)

@@ -29,11 +29,11 @@ def decode_launcher(
 ):
     """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
     cu_seqlens, cache_rows, out, cache, z, norm_weight, conv_state, conv_weight, conv_bias,
-    conv_arrivals, scale, norm_eps, T, use_qk_l2norm, write_final_state, null_slot,
+    conv_arrivals, conv_windows, scale, norm_eps, T, use_qk_l2norm, write_final_state, null_slot,
     per_token_slots, norm_activation, conv_activation, stream)`` for ``decode_kernel``;
     ``gated_norm``: whether the kernel has the stepwise solve, and so the gated RMSNorm epilogue
     (``z`` and ``norm_weight`` None without it) and the conv1d prologue (``conv_*`` None without
-    it); with ``min_ctas_per_sm``, launch bounds that fit that
+    it; ``conv_windows`` None without the verify cache as well); with ``min_ctas_per_sm``, launch bounds that fit that
     many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row per sequence, a dense
     one per batch row."""
 
@@ -60,6 +60,7 @@ def decode_launcher(
         conv_weight,
         conv_bias,
         conv_arrivals,
+        conv_windows,
         scale: Float32,
         norm_eps: Float32,
         T: Constexpr[int],
@@ -103,7 +104,7 @@ def decode_launcher(
             q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
             cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state,
             null_slot, per_token_slots, z, norm_weight, norm_eps, norm_activation, conv_state,
-            conv_weight, conv_bias, conv_arrivals, conv_activation,
+            conv_weight, conv_bias, conv_arrivals, conv_windows, conv_activation,
         )  # fmt: skip
         rows = q.shape[0]
         if cutlass.const_expr(cu_seqlens is not None):

@@ -109,6 +109,10 @@ class EngineAdapter:
         max_query_len=None,
         out=None,
         use_qk_l2norm_in_kernel=True,
+        intermediate_states_buffer=None,
+        intermediate_state_indices=None,
+        intermediate_conv_window=None,
+        disable_state_update=False,
     ):
         """The layer's whole decode core in one kernel (docs/engines.md, "The fused core"): the
         causal conv1d update on the pre-conv ``mixed_qkv``, the gated delta recurrence, and the
@@ -124,13 +128,21 @@ class EngineAdapter:
         - ``conv_weights [D, W]`` (or ``[D, 1, W]``), ``conv_bias [D]`` or None; ``activation``
           the conv's, "silu" (or "swish") or None; ``norm_weight [V]``, ``norm_eps`` and
           ``norm_activation`` the gated RMSNorm's.
+        - SGLang's target verify: ``intermediate_states_buffer [R, steps, HV, V, K]`` and
+          ``intermediate_conv_window [R, steps, D, W - 1]`` (its deduplicated view too) receive
+          the states and conv windows after every draft token at the rows
+          ``intermediate_state_indices [N]``, usually with ``disable_state_update=True`` (then
+          neither state is written). The token bound is then the buffer's steps.
 
         Returns the normed output, shaped as ``z``."""
         packed = query_start_loc is not None
         per_token = getattr(ssm_state_indices, "ndim", 1) == 2
         rows = query_start_loc.shape[0] - 1 if packed else getattr(mixed_qkv, "shape", (None,))[0]
         bound = "max_query_len"
-        if packed and max_query_len is None:
+        if packed and max_query_len is None and intermediate_states_buffer is not None:
+            max_query_len = getattr(intermediate_states_buffer, "shape", (None, None))[1]
+            bound = "intermediate_states_buffer.shape[1]"
+        elif packed and max_query_len is None:
             max_query_len, bound = vllm_token_bound(ssm_state_indices, per_token, bound)
         output, _ = self._launch(
             {**_CORE_NAMES, "max_seqlen": bound},
@@ -157,6 +169,10 @@ class EngineAdapter:
                 conv_weight=conv_weights,
                 conv_bias=conv_bias,
                 conv_activation=_CONV_ACTIVATIONS.get(activation, activation),
+                intermediate_states_buffer=intermediate_states_buffer,
+                intermediate_state_indices=leading_rows(intermediate_state_indices, rows),
+                intermediate_conv_windows=intermediate_conv_window,
+                disable_state_update=disable_state_update,
             ),
         )
         return output
@@ -192,6 +208,7 @@ _CORE_NAMES = {
     "cu_seqlens": "query_start_loc",
     "conv_weight": "conv_weights",
     "conv_activation": "activation",
+    "intermediate_conv_windows": "intermediate_conv_window",
 }
 
 

@@ -4,7 +4,7 @@ engine's decode core, the causal conv1d update of the packed q/k/v (:mod:`.conv`
 RMSNorm of the output (:mod:`.norm`), chained by :mod:`.core`.
 """
 
-from .conv import CONV_STATE_LAYOUTS, causal_conv1d_update
+from .conv import CONV_STATE_LAYOUTS, causal_conv1d_update, conv_windows
 from .core import CoreResult, reference_decode_core, split_mixed_qkv
 from .decode import (
     ExpectedCall,
@@ -25,6 +25,7 @@ __all__ = [
     "NORM_ACTIVATIONS",
     "ReferenceResult",
     "causal_conv1d_update",
+    "conv_windows",
     "gated_rmsnorm",
     "gates",
     "l2_normalize",

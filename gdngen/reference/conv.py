@@ -60,11 +60,7 @@ def causal_conv1d_update(
         slot = n if slots is None else int(slots[n])
         if slots is not None and slot <= null_slot:
             continue
-        held = conv_state[slot].double()
-        held = held if state_layout == "channels_first" else held.transpose(0, 1)  # [D, cols]
-        offset = 0 if accepted is None else int(accepted[n]) - 1
-        kept = held[:, offset : offset + width - 1]
-        window = torch.cat([kept, x[n].double().transpose(0, 1)], dim=1)  # [D, W - 1 + T]
+        held, window = _row_window(x, conv_state, n, slot, width, state_layout, accepted)
         for t in range(T):
             out[n, t] = (window[:, t : t + width] * taps).sum(dim=1)
         if bias is not None:
@@ -80,3 +76,39 @@ def causal_conv1d_update(
     if activation == "silu":
         out = torch.nn.functional.silu(out)
     return out, new_pool
+
+
+def conv_windows(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    width: int,
+    *,
+    slots: torch.Tensor | None = None,
+    null_slot: int = -1,
+    state_layout: str = "channels_first",
+    accepted: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The window after each token of a call on ``x`` [B, T, D], as the verify cache keeps it:
+    [B, T, D, W - 1] float64, step t holding the W - 1 newest inputs once token t is in (the
+    window's positions t + 1 .. t + W - 1), oldest first. Arguments as causal_conv1d_update's;
+    a padded row's windows are zeros."""
+    B, T, D = x.shape
+    windows = torch.zeros(B, T, D, width - 1, dtype=torch.float64, device=x.device)
+    for n in range(B):
+        slot = n if slots is None else int(slots[n])
+        if slots is not None and slot <= null_slot:
+            continue
+        _, window = _row_window(x, conv_state, n, slot, width, state_layout, accepted)
+        for t in range(T):
+            windows[n, t] = window[:, t + 1 : t + width]
+    return windows
+
+
+def _row_window(x, conv_state, n: int, slot: int, width: int, state_layout: str, accepted):
+    """Row n's slot as [D, columns] float64, and its window [D, W - 1 + T]: the kept columns
+    (from column ``accepted[n] - 1`` in the per-token form), then the row's inputs."""
+    held = conv_state[slot].double()
+    held = held if state_layout == "channels_first" else held.transpose(0, 1)  # [D, cols]
+    offset = 0 if accepted is None else int(accepted[n]) - 1
+    kept = held[:, offset : offset + width - 1]
+    return held, torch.cat([kept, x[n].double().transpose(0, 1)], dim=1)

@@ -220,6 +220,7 @@ def check_call(
     conv_weight=None,
     conv_bias=None,
     conv_activation="silu",
+    intermediate_conv_windows=None,
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first)."""
@@ -503,7 +504,7 @@ def check_call(
         info, conv_state=conv_state, conv_weight=conv_weight, conv_bias=conv_bias,
         conv_activation=conv_activation, q=q, pool=pool, pool_name=pool_name, H=H, K=K, HV=HV,
         V=V, per_token_tokens=max(T, read_slots.size(1)) if per_token_slots else None,
-        refused={"intermediate_states_buffer": cache_buffer},
+        conv_windows=intermediate_conv_windows, cache_buffer=cache_buffer,
     )  # fmt: skip
 
     # -- devices -----------------------------------------------------------------------------------

@@ -53,7 +53,8 @@ class CompileKey:
     norm_weight_dtype: str | None = None
     #: the conv1d prologue (docs/design.md, "The conv1d prologue"): its width (taps), whether it
     #: has a bias, its activation ("silu" or "identity"); None without the prologue. Its weight,
-    #: bias and state are in the io dtype
+    #: bias and state are in the io dtype. With the verify cache (``cache``) as well, the call
+    #: caches every token's conv window too (``intermediate_conv_windows``)
     conv_width: int | None = None
     conv_bias: bool = False
     conv_activation: str | None = None
@@ -197,7 +198,7 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         z = token_rows(HV, V)
         # 16-byte aligned: the epilogue stages it into shared memory with cp.async.
         norm_weight = compact(key.norm_weight_dtype, (V,), VECTOR_ALIGN)
-    conv_state = conv_weight = conv_bias = conv_arrivals = None
+    conv_state = conv_weight = conv_bias = conv_arrivals = conv_windows = None
     if key.conv_width is not None:
         channels = 2 * H * K + HV * V
         # Either layout engines use ([slots, D, columns] or its transpose's view): any strides;
@@ -212,6 +213,15 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         if key.conv_bias:
             conv_bias = compact(key.io_dtype, (channels,), VECTOR_ALIGN)
         conv_arrivals = compact("int32", (pool_size, H), 4)
+        if key.cache:
+            # The verify cache's windows [R, steps, D, W - 1]: any strides, SGLang's overlapping
+            # view of one [R, D, steps + W - 2] buffer included (the kernel stores scalars).
+            conv_windows = make_fake_tensor(
+                io,
+                (cache_count, cache_steps, channels, key.conv_width - 1),
+                tuple(outer_stride(1) for _ in range(4)),
+                assumed_align=ELEMENT_BYTES[key.io_dtype],
+            )
     return [
         token_rows(H, K),  # q
         token_rows(H, K),  # k
@@ -234,6 +244,7 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         conv_weight,
         conv_bias,
         conv_arrivals,
+        conv_windows,
         cutlass.Float32(1.0),  # scale (a run-time value)
         cutlass.Float32(1e-6),  # norm_eps (a run-time value)
         key.tokens,

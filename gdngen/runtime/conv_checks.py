@@ -17,11 +17,15 @@ v's in that order (the rows of the engines' ``mixed_qkv``).
   of the target's ``conv1d_widths``.
 - ``conv_bias`` ``[D]`` or None; ``conv_activation`` "silu" or "identity".
 
-The prologue serves the decode forms: dense or pooled rows, T tokens each, packed sequences,
+- ``intermediate_conv_windows`` ``[R, cache_steps, D, W - 1]``, with the verify cache
+  (``intermediate_states_buffer``) and only with it: the window after each token, at the
+  recurrent cache's row (R and cache_steps as the buffer's), in q's dtype, any strides (SGLang's
+  deduplicated view, whose consecutive steps overlap, included).
+
+The prologue serves every call form: dense or pooled rows, T tokens each, packed sequences,
 separate write slots (the conv state read from the read slot and written to the write slot),
-``disable_state_update`` (the conv state is not written either) and per-token slots. It refuses
-the verify cache, which would need per-token conv windows. Errors name the argument, before any
-launch.
+``disable_state_update`` (the conv state is not written either), per-token slots, and the verify
+cache with its windows. Errors name the argument, before any launch.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class ConvPrologue:
     bias: torch.Tensor | None
     width: int
     activation: str
+    #: the verify cache's windows [R, cache_steps, D, W - 1]; None without the cache
+    windows: torch.Tensor | None = None
 
 
 def conv_weight_view(weight: torch.Tensor) -> torch.Tensor:
@@ -68,15 +74,17 @@ def check_conv(
     HV: int,
     V: int,
     per_token_tokens: int | None,
-    refused: dict[str, object],
+    conv_windows=None,
+    cache_buffer: torch.Tensor | None = None,
 ) -> ConvPrologue | None:
     """The prologue's checked arguments, or None when the call has none (neither ``conv_state``
     nor ``conv_weight``). ``per_token_tokens``: with per-token slots, the most tokens a row may
-    have (the table's columns, 1 + S, or T if more); ``refused``: the call's arguments the
-    prologue does not serve, by name (None or False where not given)."""
+    have (the table's columns, 1 + S, or T if more); ``conv_windows``: the call's
+    ``intermediate_conv_windows``; ``cache_buffer``: its checked verify cache, or None."""
     if conv_state is None and conv_weight is None:
-        if conv_bias is not None:
-            raise ValueError("conv_bias: given without conv_state and conv_weight")
+        for name, given in (("conv_bias", conv_bias), ("intermediate_conv_windows", conv_windows)):
+            if given is not None:
+                raise ValueError(f"{name}: given without conv_state and conv_weight")
         return None
     if not info.conv1d_widths:
         raise ValueError(
@@ -89,12 +97,6 @@ def check_conv(
     ):
         if given is None:
             raise ValueError(f"{name}: the conv1d prologue needs conv_state and conv_weight")
-    for name, value in refused.items():
-        if value is not None and value is not False:
-            raise ValueError(
-                f"{name}: not served with the conv1d prologue (the verify cache would need "
-                "every token's conv window, which is not built)"
-            )
     conv_state = _tensor("conv_state", conv_state)
     conv_weight = conv_weight_view(_tensor("conv_weight", conv_weight))
     channels = 2 * H * K + HV * V
@@ -164,7 +166,43 @@ def check_conv(
         raise ValueError(
             f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
         )
-    for name, tensor in (("conv_state", conv_state), ("conv_weight", conv_weight), ("conv_bias", conv_bias)):  # fmt: skip
+    windows = _check_windows(conv_windows, cache_buffer, q, channels, kept)
+    for name, tensor in (
+        ("conv_state", conv_state), ("conv_weight", conv_weight), ("conv_bias", conv_bias),
+        ("intermediate_conv_windows", windows),
+    ):  # fmt: skip
         if tensor is not None and tensor.device != q.device:
             raise ValueError(f"{name}: expected a tensor on {q.device} (as q); got {tensor.device}")
-    return ConvPrologue(conv_state, conv_weight, conv_bias, width, conv_activation)
+    return ConvPrologue(conv_state, conv_weight, conv_bias, width, conv_activation, windows)
+
+
+def _check_windows(windows, cache_buffer, q, channels: int, kept: int) -> torch.Tensor | None:
+    """``intermediate_conv_windows``: given exactly when the call has the verify cache."""
+    meaning = f"[R, cache_steps, D = {channels}, W - 1 = {kept}]"
+    if cache_buffer is None:
+        if windows is not None:
+            raise ValueError(
+                "intermediate_conv_windows: the verify cache's conv windows, given without its "
+                "intermediate_states_buffer"
+            )
+        return None
+    if windows is None:
+        raise ValueError(
+            "intermediate_conv_windows: the verify cache (intermediate_states_buffer) with the "
+            "conv1d prologue caches every token's conv window as well, for the roll-back to an "
+            f"accepted token; pass intermediate_conv_windows {meaning} (R and cache_steps as "
+            "the buffer's)"
+        )
+    windows = _tensor("intermediate_conv_windows", windows)
+    if windows.dtype != q.dtype:
+        raise TypeError(
+            f"intermediate_conv_windows: expected dtype {_dtype_name(q.dtype)} (as q); got "
+            f"{_dtype_name(windows.dtype)}"
+        )
+    rows, steps = cache_buffer.shape[:2]
+    _dims(
+        "intermediate_conv_windows", windows, (rows, steps, channels, kept),
+        f"[R, cache_steps, D, W - 1] with R = {rows} and cache_steps = {steps} (as "
+        f"intermediate_states_buffer), D = {channels}, W - 1 = {kept}",
+    )  # fmt: skip
+    return windows

@@ -75,7 +75,7 @@ def call_key(
     disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
     num_accepted_tokens=None, intermediate_state_indices=None, z=None, norm_weight=None,
     norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None, conv_bias=None,
-    conv_activation="silu",
+    conv_activation="silu", intermediate_conv_windows=None,
 ) -> tuple:  # fmt: skip
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
@@ -128,6 +128,10 @@ def call_key(
         None if conv_bias is None else (
             conv_bias.dtype, conv_bias.shape, conv_bias.stride(), conv_bias.get_device()
         ),
+        None if intermediate_conv_windows is None else (
+            intermediate_conv_windows.dtype, intermediate_conv_windows.shape,
+            intermediate_conv_windows.get_device(),
+        ),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
         disable_state_update, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
@@ -166,7 +170,9 @@ class DecodeCall:
     [D, W] (``conv_bias`` [D] optional, ``conv_activation`` "silu" or "identity"), q, k, v (or
     ``mixed_qkv``) are taken before the causal conv1d, which the kernel applies, advancing its
     state in place, slot for slot with the recurrent state (targets with
-    ``features.conv1d_widths``; per-token slots: docs/design.md, "The conv1d prologue").
+    ``features.conv1d_widths``; per-token slots: docs/design.md, "The conv1d prologue"). With
+    the verify cache as well, ``intermediate_conv_windows`` [R, cache_steps, D, W - 1] receives
+    the conv window after every token, at the cache's rows.
     """
 
     def __init__(
@@ -254,6 +260,7 @@ class DecodeCall:
         conv_weight=None,
         conv_bias=None,
         conv_activation="silu",
+        intermediate_conv_windows=None,
     ):
         returned = output
         squeeze = None
@@ -272,7 +279,7 @@ class DecodeCall:
                 intermediate_states_buffer, disable_state_update, state_layout, null_slot,
                 cu_seqlens, max_seqlen, num_accepted_tokens, intermediate_state_indices, z,
                 norm_weight, norm_eps, norm_activation, conv_state, conv_weight, conv_bias,
-                conv_activation,
+                conv_activation, intermediate_conv_windows,
             )  # fmt: skip
             plan = None if check_indices else self._plans.get(key)
         except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
@@ -297,7 +304,7 @@ class DecodeCall:
             num_accepted_tokens, cu_seqlens, intermediate_state_indices, output,
             intermediate_states_buffer, z, norm_weight, conv_state,
             conv_weight_view(conv_weight) if conv_weight is not None else None, conv_bias,
-            plan.conv_arrivals, plan.scale, plan.norm_eps,
+            plan.conv_arrivals, intermediate_conv_windows, plan.scale, plan.norm_eps,
         )  # fmt: skip
         try:
             if torch.cuda.current_device() == plan.device.index:
@@ -322,7 +329,7 @@ class DecodeCall:
         state_layout="k_last", check_indices=False, null_slot=-1, cu_seqlens=None,
         max_seqlen=None, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
         norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None,
-        conv_weight=None, conv_bias=None, conv_activation="silu",
+        conv_weight=None, conv_bias=None, conv_activation="silu", intermediate_conv_windows=None,
     )  # fmt: skip
 
     @classmethod

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 import generated.h200 as h200
+from gdngen.engines.sglang import SglangGdn
 from gdngen.engines.vllm import VllmGdn
-from gdngen.reference import causal_conv1d_update, gated_rmsnorm, reference_decode
+from gdngen.reference import (
+    causal_conv1d_update,
+    conv_windows,
+    gated_rmsnorm,
+    reference_call,
+    reference_decode,
+)
 from gdngen.problem import PackedProblem
 from gdngen.reference.core import split_mixed_qkv
 from tests.compare import assert_close
@@ -393,3 +400,183 @@ def test_vllm_decode_core_adapter():
     assert torch.equal(args["conv_state"], conv_after), "conv state"
     assert_close("states", args["initial_state"].double(), expected_call.pool.double(),
                  torch.bfloat16)  # fmt: skip
+
+
+def nan_windows(rows, steps, channels, width, layout):
+    """An intermediate_conv_windows buffer [rows, steps, D, W - 1] of NaN, and the tensor that
+    holds its memory: "dense"; "channels_last" (each column's channels contiguous); or SGLang's
+    deduplicated view of one [rows, D, steps + W - 2] buffer, whose consecutive steps overlap."""
+    kept = width - 1
+    if layout == "dense":
+        held = torch.full((rows, steps, channels, kept), float("nan"), device="cuda")
+        held = held.bfloat16()
+        return held, held
+    if layout == "channels_last":
+        held = torch.full((rows, steps, kept, channels), float("nan"), device="cuda").bfloat16()
+        return held.transpose(2, 3), held
+    held = torch.full((rows, channels, steps + kept - 1), float("nan"), device="cuda").bfloat16()
+    view = held.as_strided((rows, steps, channels, kept), (held.stride(0), 1, held.stride(1), 1))
+    return view, held
+
+
+def assert_windows(held, held_before, windows_view_of, expected_rows):
+    """Every window the call owns equals the reference's (exact: inputs moved, not computed);
+    every other element is as it was. ``expected_rows``: (cache row, [tokens, D, W - 1])."""
+    expected = held_before.clone()
+    view = windows_view_of(expected)
+    for row, windows in expected_rows:
+        for t in range(windows.shape[0]):  # a step at a time: SGLang's view overlaps across steps
+            view[row, t] = windows[t].to(expected.dtype)
+    torch.testing.assert_close(held, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def restride(view):
+    """``view``'s geometry over another tensor laid out as the one it views."""
+    return lambda other: other.as_strided(view.shape, view.stride())
+
+
+@pytest.mark.parametrize("windows_layout", ["dense", "channels_last"])
+@pytest.mark.parametrize("update", [False, True], ids=["verify", "verify_and_update"])
+def test_verify_cache_with_conv_windows(windows_layout, update):
+    # Dense rows of a pool with padding: the recurrent state after every token in the cache's
+    # row n, the conv window after every token in the windows' row n, and the pools written
+    # (or not, with disable_state_update) as the reference says.
+    B, T, width = 6, 4, 4
+    case = make_case(B=B, T=T, slots=15, padded=(2,), seed=70, conv_layout="channels_last")
+    channels = case["conv_weight"].shape[0]
+    pool, conv = case["initial_state"], case["conv_state"]
+    cache = torch.full((B, T, 32, 128, 128), float("nan"), device="cuda").bfloat16()
+    windows, held = nan_windows(B, T, channels, width, windows_layout)
+    pool_before, conv_before, held_before = pool.clone(), conv.clone(), held.clone()
+    slots = case["initial_state_indices"]
+    conv_out, conv_after = causal_conv1d_update(
+        case["mixed_qkv"], conv_before, case["conv_weight"], case["conv_bias"], slots=slots
+    )
+    expected_windows = conv_windows(case["mixed_qkv"], conv_before, width, slots=slots)
+    q, k, v = split_mixed_qkv(conv_out, 16, 128, 32, 128)
+    expected = reference_call(
+        q, k, v, pool_before, case["A_log"], case["a"], case["dt_bias"], case["b"],
+        read_slots=slots, disable_state_update=not update, cache=cache.clone(),
+    )  # fmt: skip
+    out, _ = h200.gdn_decode(
+        **case, intermediate_states_buffer=cache, intermediate_conv_windows=windows,
+        disable_state_update=not update,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    live = slots >= 0
+    assert_close("output", out[live], expected.output[live], torch.bfloat16)
+    assert (out[~live] == 0).all()
+    filled = ~torch.isnan(expected.cache.float())
+    assert_close("cached states", cache[filled], expected.cache[filled].double(), torch.bfloat16)
+    assert torch.isnan(cache[~filled].float()).all(), "a padded row's cache was written"
+    rows = [(n, expected_windows[n]) for n in range(B) if live[n]]
+    assert_windows(held, held_before, restride(windows), rows)
+    if update:
+        assert torch.equal(conv, conv_after), "conv state"
+        changed = (expected.pool != pool_before).flatten(1).any(1)
+        assert_close("states", pool[changed], expected.pool[changed].double(), torch.bfloat16)
+        assert torch.equal(pool[~changed], pool_before[~changed])
+    else:
+        assert torch.equal(conv, conv_before) and torch.equal(pool, pool_before)
+
+
+def sglang_verify_case(problem: PackedProblem, *, width=4, seed=0):
+    """SGLang's target verify with the prologue: pool-row caches (the recurrent one and the
+    deduplicated conv windows), packed draft tokens, pre-conv mixed_qkv, a channels-first
+    conv state a slot."""
+    args = spec_decode_case(problem, width=width, conv_layout="channels_first", seed=seed)
+    args["conv_state"] = args["conv_state"][..., : width - 1].contiguous()
+    rows = args["intermediate_states_buffer"].shape[0]
+    channels = args["conv_weight"].shape[0]
+    windows, held = nan_windows(rows, problem.tokens, channels, width, "deduplicated")
+    return args, windows, held
+
+
+@pytest.mark.parametrize("tokens", [2, 4, 8])
+def test_sglang_verify_core_with_conv_windows(tokens):
+    # SGLang's verify through SglangGdn.decode_core: mixed lengths, a padded sequence (slot and
+    # cache row -1), its deduplicated window view; output normed; no state written.
+    problem = PackedProblem(
+        sequences=2 * tokens + 1, tokens=tokens, HV=32, slots="row", null_slot=-1,
+        cache="rows", cache_rows=4 * tokens + 3, disable_state_update=True, mixed_qkv=True,
+        flat=True, mixed_lengths=True, padded_rows=(1,), seed=80 + tokens,
+    )  # fmt: skip
+    args, windows, held = sglang_verify_case(problem, seed=tokens)
+    cache = args["intermediate_states_buffer"]
+    pool, conv = args["initial_state"], args["conv_state"]
+    pool_before, conv_before = pool.clone(), conv.clone()
+    cache_before, held_before = cache.clone(), held.clone()
+    channels = args["conv_weight"].shape[0]
+    x = args["mixed_qkv"].reshape(-1, channels)
+    convolved = torch.zeros(x.shape, dtype=torch.float64, device="cuda")
+    slots, rows = args["initial_state_indices"].long(), args["intermediate_state_indices"].long()
+    cu = args["cu_seqlens"].long()
+    expected_rows = []
+    for n in range(slots.shape[0]):
+        lo, hi = int(cu[n]), int(cu[n + 1])
+        if hi == lo or slots[n] < 0:
+            continue
+        sequence = x[None, lo:hi]
+        convolved[lo:hi] = causal_conv1d_update(
+            sequence, conv_before, args["conv_weight"], args["conv_bias"], slots=slots[n : n + 1]
+        )[0][0]
+        if rows[n] >= 0:
+            windows_n = conv_windows(sequence, conv_before, 4, slots=slots[n : n + 1])[0]
+            expected_rows.append((int(rows[n]), windows_n))
+    post = dict(args, mixed_qkv=convolved.view(args["mixed_qkv"].shape))
+    expected = expected_of(post, problem, pool_before, cache_before)
+    total = x.shape[0]
+    gen = torch.Generator(device="cuda").manual_seed(90 + tokens)
+    z = torch.randn(total, 32, 128, generator=gen, device="cuda").bfloat16()
+    norm_weight = (1 + 0.5 * torch.randn(128, generator=gen, device="cuda")).bfloat16()
+    out = SglangGdn(h200.gdn_decode).decode_core(
+        args["mixed_qkv"], args["a"], args["b"], args["A_log"], args["dt_bias"], pool,
+        args["initial_state_indices"], conv, args["conv_weight"], args["conv_bias"], z,
+        norm_weight, 1e-6, query_start_loc=args["cu_seqlens"],
+        intermediate_states_buffer=cache,
+        intermediate_state_indices=args["intermediate_state_indices"],
+        intermediate_conv_window=windows, disable_state_update=True,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    live = ~torch.isnan(expected.output.view(total, 32, 128)).any(-1).any(-1)
+    live &= (expected.output.view(total, 32, 128) != 0).any(-1).any(-1)
+    expected_out = gated_rmsnorm(expected.output.view(total, 32, 128), z, norm_weight, eps=1e-6)
+    assert_close("core output", out[live], expected_out[live], torch.bfloat16)
+    assert (out[~live] == 0).all(), "padded tokens must have zero output"
+    filled = ~torch.isnan(expected.cache.float())
+    assert_close("cached states", cache[filled], expected.cache[filled].double(), torch.bfloat16)
+    assert torch.isnan(cache[~filled].float()).all(), "a cache entry not owned was written"
+    assert_windows(held, held_before, restride(windows), expected_rows)
+    assert torch.equal(pool, pool_before) and torch.equal(conv, conv_before)
+
+
+def test_verify_cache_with_conv_windows_graph_replay():
+    # A captured SGLang verify replayed after the cache rows and the inputs change.
+    problem = PackedProblem(
+        sequences=5, tokens=3, HV=32, slots="row", null_slot=-1, cache="rows", cache_rows=12,
+        disable_state_update=True, mixed_qkv=True, flat=True, seed=95,
+    )  # fmt: skip
+    args, windows, held = sglang_verify_case(problem, seed=95)
+    call = dict(args, intermediate_conv_windows=windows)
+    h200.gdn_decode(**call)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h200.gdn_decode(**call)
+    held.fill_(float("nan"))
+    rows = args["intermediate_state_indices"]
+    rows.copy_(torch.tensor([11, -1, 0, 7, 3], dtype=rows.dtype, device="cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(96)
+    args["mixed_qkv"].copy_(torch.randn(args["mixed_qkv"].shape, generator=gen, device="cuda"))
+    held_before = held.clone()
+    graph.replay()
+    torch.cuda.synchronize()
+    channels = args["conv_weight"].shape[0]
+    x = args["mixed_qkv"].reshape(-1, channels)
+    slots, cu = args["initial_state_indices"].long(), args["cu_seqlens"].long()
+    expected_rows = [
+        (int(rows[n]), conv_windows(x[None, int(cu[n]) : int(cu[n + 1])], args["conv_state"], 4,
+                                    slots=slots[n : n + 1])[0])
+        for n in range(5) if rows[n] >= 0
+    ]  # fmt: skip
+    assert_windows(held, held_before, restride(windows), expected_rows)
