@@ -7,8 +7,10 @@ file at OLD_REV (HV 32 and 64 only), "new" the one it derives from the working t
 are rebuilt with gdngen.dispatch.measured_rules, the code emit uses. The new picks are checked
 against the emitted generated/h200 dispatch.
 
-usage (repo root): .venv/bin/python docs/perf/raw/h200-tp-tune/old_vs_new.py [OLD_REV]
-  OLD_REV: the commit whose specs/h200.tuning.yaml is "old" (default d387eb3, before the merge)
+usage (repo root): .venv/bin/python docs/perf/raw/h200-tp-tune/old_vs_new.py [OLD_REV [FILE GPU]]
+  OLD_REV: the commit whose tuning file is "old" (default d387eb3, before the merge)
+  FILE, GPU: another GPU model's tuning file and its model, e.g. specs/h200.tuning.h100.yaml H100
+  (default specs/h200.tuning.yaml H200)
 """
 
 import subprocess
@@ -22,11 +24,12 @@ from gdngen.spec import load_spec
 from gdngen.tune.tuning_file import load_tuning
 
 ROOT = Path(__file__).resolve().parents[4]
-FILE = "specs/h200.tuning.yaml"
+FILE = sys.argv[2] if len(sys.argv) > 3 else "specs/h200.tuning.yaml"
+GPU = sys.argv[3] if len(sys.argv) > 3 else "H200"
 
 
 def rules_of(path: Path, spec, name: str):
-    measured = load_tuning(path, spec, name, gpu="H200")
+    measured = load_tuning(path, spec, name, gpu=GPU)
     assert not measured.stale, measured.stale
     pairs = sorted({(c.layout, c.state_dtype) for c in measured.cells})
     return measured, measured_rules(
@@ -56,7 +59,7 @@ def main() -> None:
         ["git", "show", f"{old_rev}:{FILE}"], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout
     with tempfile.TemporaryDirectory() as tmp:
-        old_path = Path(tmp) / "h200.tuning.yaml"
+        old_path = Path(tmp) / Path(FILE).name
         old_path.write_text(old_text)
         old, old_rules = rules_of(old_path, spec, FILE)
     new, new_rules = rules_of(ROOT / FILE, spec, FILE)
@@ -71,7 +74,7 @@ def main() -> None:
         picked = emitted.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
-            head_dims=spec.tuning_head_dims, gpu="H200",
+            head_dims=spec.tuning_head_dims, gpu=GPU,
         ).use  # fmt: skip
         assert picked == use, (key(cell), picked, use)
         best = min(min(times.values()) for times in cell.timings)
