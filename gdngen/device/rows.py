@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import cutlass
-from cutlass import Int64
+from cutlass import Int32, Int64
 
 
 def _clamp(value, lo, hi):
@@ -39,16 +39,17 @@ def row_tokens(n64, T: int, cu_seqlens, total_tokens):
     if cu_seqlens is None:
         # Dense rows: token t of row n sits at [n, t]; all T are live (a constant true).
         return n64, list(range(T)), [Int64(t) < Int64(T) for t in range(T)]
-    first = Int64(cu_seqlens[n64])
-    length = Int64(cu_seqlens[n64 + 1]) - first
-    last = Int64(total_tokens) - 1
-    token_at = []
-    token_live = []
-    for t in range(T):
-        live = Int64(t) < length
-        position = Int64(cutlass.select_(live, first + t, first + length - 1))
-        token_at.append(_clamp(position, Int64(0), last))
-        token_live.append(live)
+    # The span is bounded to the buffer once, whatever cu_seqlens holds (its values are checked
+    # on request only); then a position is a 32-bit min and an add. Every token's loads wait for
+    # these: a select and a 64-bit clamp per token put ~280 more instructions before them at
+    # T = 8 (sm_90a SASS, docs/perf/h100-2026-11-24-packed-rows.md).
+    total = Int64(total_tokens)
+    start = Int64(cu_seqlens[n64])
+    first = _clamp(start, Int64(0), total - 1)
+    length = _clamp(Int64(cu_seqlens[n64 + 1]) - start, Int64(0), total - first)
+    last = Int32(cutlass.max(length - 1, Int64(0)))  # the offset of the row's last token
+    token_at = [first] + [first + Int64(cutlass.min(Int32(t), last)) for t in range(1, T)]
+    token_live = [Int64(t) < length for t in range(T)]
     return Int64(0), token_at, token_live
 
 

@@ -132,6 +132,49 @@ def test_graph_replay_follows_new_index_contents():
         check_against(expected, out, pool, None, problem, pool_before, None)
 
 
+#: one kernel per way the template reads a packed row's tokens: stepwise (token by token, every
+#: token preloaded, V-last, K split over warps) and staged (with and without the next pass's
+#: state prefetched)
+SOLVE_PATHS = [
+    "kl_bf16_tv64_ilp8_vec8_tpg16_sm90",
+    "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90",
+    "kl_fp32_tv8_ilp2_vec4_tpg32_pre_sm90",
+    "vl_fp32_tv16_ilp4_vec8_tpg16_sm90",
+    "vl_fp32_tv64_ilp2_vec16_tpg1_ks8_sm90",
+    "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_staged_sm90",
+    "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_pf_staged_sm90",
+]
+
+
+LAYOUTS = {"kl": "k_last", "vl": "v_last"}
+
+
+@pytest.mark.parametrize("name", SOLVE_PATHS)
+def test_every_solve_path_reads_packed_rows_of_every_length(name):
+    """Mixed lengths (a padded row of none among them) with the last sequence shorter than T:
+    its positions past its end lie past the packed buffer, which is sized exactly, so a kernel
+    that read them would read out of bounds (rows.row_tokens bounds the span instead)."""
+    variant = h200.variant(name)
+    tokens = 8
+    problem = next(
+        p
+        for p in (
+            PackedProblem(
+                sequences=9, tokens=tokens, layout=LAYOUTS[name[:2]],
+                state_dtype=name.split("_")[1], padded_rows=(3,), mixed_lengths=True, seed=seed,
+            )  # fmt: skip
+            for seed in range(100, 200)
+        )
+        if _last_length(p) < tokens - 1
+    )
+    run_form(variant, problem)
+
+
+def _last_length(problem: PackedProblem) -> int:
+    cu = problem.make("cpu")["cu_seqlens"]
+    return int(cu[-1] - cu[-2])
+
+
 def test_one_kernel_serves_every_length_pattern():
     from gdngen.runtime.store import compiled_count
 
