@@ -21,7 +21,7 @@ from gdngen.bench.report import (
     dump_record,
     markdown,
 )
-from gdngen.bench.run import Result
+from gdngen.bench.run import Result, grid
 from gdngen.measure.environment import source_commit
 from gdngen.problem import Problem
 from gdngen.tune.tuning_file import Cell, TuningFile, dump_tuning, read_tuning
@@ -167,6 +167,8 @@ def test_picker_refuses_bad_choices(tmp_path, choice, kwargs, message):
         (["--variants", "contenders", "--tuning", "missing.yaml"], "missing.yaml does not exist"),
         (["--target", "b900"], "--target 'b900': no generated target generated/b900/"),
         (["--qk-heads", "8", "--hv", "16,12"], "must be multiples of --qk-heads 8; got [12]"),
+        (["--head-dim", "96", "--hv", "32"], "h200 serves no geometry H=16 HV=32 K=V=96"),
+        (["--head-dim", "64", "--hv", "32,64"], "no geometry H=16 HV=64 K=V=64; it serves"),
     ],
 )
 def test_cli_bench_argument_errors_come_before_any_gpu_work(args, message):
@@ -221,6 +223,30 @@ def test_report_shows_the_fastest_variant_and_counts_the_cells_within_tolerance(
     assert "within 3% of the fastest single variant timed beside it: 1 of 2 cells" in table
     assert "largest gap +6.0% at HV=64 B=4" in table
     assert "all tables: 1 of 2 cells" in table
+
+
+def test_grid_covers_each_head_dim():
+    problems = grid(
+        tokens=[1], batches=[1, 4], heads=[32], layouts=["k_last"], state_dtypes=["bf16"],
+        modes=["update"], head_dims=[64, 256],
+    )  # fmt: skip
+    assert [(p.K, p.V, p.batch) for p in problems] == [(64, 64, 1), (64, 64, 4), (256, 256, 1),
+                                                        (256, 256, 4)]  # fmt: skip
+
+
+def test_report_keeps_head_dims_apart():
+    """Cells of other head dims get tables of their own, titled with them (K = V = 128 keeps
+    the plain title), and the dispatch summary names them."""
+    results = [
+        _result("gdngen", 10.0, variant="v1"),
+        _result("v1", 10.0),
+        _result("gdngen", 20.0, variant="v2", K=256, V=256),
+        _result("v2", 10.0, K=256, V=256),
+    ]
+    table = markdown(results, META)
+    assert "### K-last [B,HV,V,K], bf16 state, T=1, update\n" in table
+    assert "### K-last [B,HV,V,K], bf16 state, T=1, update, K=V=256\n" in table
+    assert "largest gap +100.0% at k_last bf16 T=1 update K=V=256 HV=64 B=16" in table
 
 
 def test_report_without_single_variants_has_no_dispatch_columns():

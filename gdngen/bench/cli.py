@@ -33,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="q/k heads (default 16, the shipped models at TP 1; 8, 4 and 2 are their TP 2, 4 "
         "and 8 shards, e.g. --qk-heads 2 --hv 4,6,8; not --h, which other tools read as --help)",
     )
+    parser.add_argument(
+        "--head-dim",
+        type=_ints,
+        default=[128],
+        help="head dims K = V (default 128), e.g. 64,128,256: each with --qk-heads and --hv of a "
+        "geometry the target serves (the shipped specs' head-dim-64 and head-dim-256 are H 16, "
+        "HV 32)",
+    )
     parser.add_argument("--layout", type=_words, default=["k_last", "v_last"])
     parser.add_argument("--state-dtype", type=_words, default=["bf16", "fp32"])
     parser.add_argument(
@@ -107,6 +115,24 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    served = {(g.H, g.HV, g.K, g.V) for g in target.INFO.geometries}
+    unserved = [
+        f"H={args.qk_heads} HV={hv} K=V={d}"
+        for d in args.head_dim
+        for hv in args.hv
+        if (args.qk_heads, hv, d, d) not in served
+    ]
+    if unserved:
+        print(
+            f"gdngen bench: --head-dim/--hv/--qk-heads: {args.target} serves no geometry "
+            f"{', '.join(unserved)}; it serves "
+            + ", ".join(
+                f"{g.name} (H={g.H} HV={g.HV} K={g.K} V={g.V})" for g in target.INFO.geometries
+            )
+            + f" (add the geometry to specs/{args.target}.yaml and emit it)",
+            file=sys.stderr,
+        )
+        return 2
     tuning = Path(args.tuning) if args.tuning else running_gpus_tuning_file(target)
     try:
         variants_for = picker(
@@ -153,7 +179,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     print(f"{meta['gpu']}: copy bandwidth {copy_bw / 1e12:.2f} TB/s", file=sys.stderr)
     problems = grid(
         tokens=args.tokens, batches=args.batch, heads=args.hv, layouts=args.layout,
-        state_dtypes=args.state_dtype, modes=args.mode, H=args.qk_heads,
+        state_dtypes=args.state_dtype, modes=args.mode, H=args.qk_heads, head_dims=args.head_dim,
     )  # fmt: skip
     jsonl = None
     if args.out:

@@ -20,6 +20,13 @@ def dump_record(record: dict) -> str:
     return "{\n" + ",\n".join(head + [f' "results": [\n{rows}\n ]']) + "\n}\n"
 
 
+def _head_dims(K: int, V: int) -> str:
+    """The head dims as a table title names them; empty for the default K = V = 128."""
+    if (K, V) == (128, 128):
+        return ""
+    return f"K=V={K}" if K == V else f"K={K} V={V}"
+
+
 def _cell(result: Result | None) -> str:
     if result is None:
         return "-"
@@ -76,7 +83,7 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
     with_variants = any(r.impl != ours and r.impl not in PEER_TITLES for r in results)
     groups: dict[tuple, dict[tuple, dict[str, Result]]] = defaultdict(lambda: defaultdict(dict))
     for r in results:
-        groups[(r.layout, r.state_dtype, r.mode, r.tokens)][(r.HV, r.batch)][r.impl] = r
+        groups[(r.K, r.V, r.layout, r.state_dtype, r.mode, r.tokens)][(r.HV, r.batch)][r.impl] = r
     lines = [
         f"GPU: {meta['gpu']} ({meta['sm']}), copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s "
         f"(1 GiB device-to-device copy, read + write).",
@@ -100,8 +107,12 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
             "",
         ]
     all_cells: dict[tuple, dict[str, Result]] = {}
-    for (layout, state_dtype, mode, tokens), cells in sorted(groups.items()):
-        lines.append(f"### {LAYOUT_TITLES[layout]}, {state_dtype} state, T={tokens}, {mode}")
+    for (K, V, layout, state_dtype, mode, tokens), cells in sorted(groups.items()):
+        dims = _head_dims(K, V)
+        lines.append(
+            f"### {LAYOUT_TITLES[layout]}, {state_dtype} state, T={tokens}, {mode}"
+            + (f", {dims}" if dims else "")
+        )
         lines.append("")
         header = ["HV", "B", "gdngen us (%SOL)", "variant"]
         header += [f"{PEER_TITLES[p]} us (%SOL)" for p in peers]
@@ -132,7 +143,7 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
                 )
                 row.append("-" if excess is None else f"{100 * excess:+.1f}%")
             lines.append("| " + " | ".join(row) + " |")
-            all_cells[(layout, state_dtype, mode, tokens, HV, batch)] = by_impl
+            all_cells[(dims, layout, state_dtype, mode, tokens, HV, batch)] = by_impl
         for p in peers:
             ratios = [
                 s
@@ -154,8 +165,8 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
         lines.append("")
     overall = _dispatch_summary(
         {
-            f"{layout} {dtype} T={T} {mode} HV={HV} B={B}": by_impl
-            for (layout, dtype, mode, T, HV, B), by_impl in all_cells.items()
+            f"{layout} {dtype} T={T} {mode}{' ' + dims if dims else ''} HV={HV} B={B}": by_impl
+            for (dims, layout, dtype, mode, T, HV, B), by_impl in all_cells.items()
         },
         ", all tables",
     )
@@ -166,9 +177,10 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
         lines.append("### Problems")
         lines.append("")
         for r in problems:
+            dims = _head_dims(r.K, r.V)
             lines.append(
-                f"- {r.impl} {r.layout} {r.state_dtype} {r.mode} T={r.tokens} HV={r.HV} "
-                f"B={r.batch}: {r.status}"
+                f"- {r.impl} {r.layout} {r.state_dtype} {r.mode} T={r.tokens}"
+                f"{' ' + dims if dims else ''} HV={r.HV} B={r.batch}: {r.status}"
             )
         lines.append("")
     return "\n".join(lines)

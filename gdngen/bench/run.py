@@ -39,6 +39,9 @@ class Result:
     status: str = "ok"
     sets: int = 0
     extra: dict = field(default_factory=dict)
+    #: head dims (K = q/k, V = value); records written before they were kept are K = V = 128
+    K: int = 128
+    V: int = 128
 
 
 def _result(impl: Impl, problem: Problem, ran: Problem) -> Result:
@@ -53,6 +56,7 @@ def _result(impl: Impl, problem: Problem, ran: Problem) -> Result:
         variant=variant,
         layout=problem.layout, state_dtype=problem.state_dtype, mode=problem.mode,
         tokens=problem.tokens, HV=problem.HV, batch=problem.batch, bytes=problem.moved_bytes(),
+        K=problem.K, V=problem.V,
     )  # fmt: skip
 
 
@@ -180,25 +184,26 @@ def grid(
     state_dtypes: Iterable[str],
     modes: Iterable[str],
     H: int = 16,
-    K: int = 128,
-    V: int = 128,
+    head_dims: Iterable[int] = (128,),
 ) -> list[Problem]:
-    """Problems of the benchmark grid; every call uses a pool with int32 slot indices."""
+    """Problems of the benchmark grid (``head_dims``: K = V values); every call uses a pool with
+    int32 slot indices."""
     problems = []
-    for layout in layouts:
-        for state_dtype in state_dtypes:
-            for mode in modes:
-                for T in tokens:
-                    if mode == "verify" and T == 1:
-                        continue
-                    for HV in heads:
-                        for B in batches:
-                            problems.append(
-                                Problem(
-                                    batch=B, tokens=T, H=H, HV=HV, K=K, V=V, layout=layout,
-                                    state_dtype=state_dtype, pool_size=B,
-                                    cache_steps=T if mode == "verify" else None,
-                                    disable_state_update=mode == "verify",
-                                )  # fmt: skip
-                            )
+    for head_dim in head_dims:
+        for layout in layouts:
+            for state_dtype in state_dtypes:
+                for mode in modes:
+                    for T in tokens:
+                        if mode == "verify" and T == 1:
+                            continue
+                        for HV in heads:
+                            for B in batches:
+                                problems.append(
+                                    Problem(
+                                        batch=B, tokens=T, H=H, HV=HV, K=head_dim, V=head_dim,
+                                        layout=layout, state_dtype=state_dtype, pool_size=B,
+                                        cache_steps=T if mode == "verify" else None,
+                                        disable_state_update=mode == "verify",
+                                    )  # fmt: skip
+                                )
     return problems
