@@ -115,21 +115,18 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    served = {(g.H, g.HV, g.K, g.V) for g in target.INFO.geometries}
+    info = target.INFO
     unserved = [
         f"H={args.qk_heads} HV={hv} K=V={d}"
         for d in args.head_dim
         for hv in args.hv
-        if (args.qk_heads, hv, d, d) not in served
+        if not info.serves_geometry(args.qk_heads, hv, d, d)
     ]
     if unserved:
         print(
             f"gdngen bench: --head-dim/--hv/--qk-heads: {args.target} serves no geometry "
-            f"{', '.join(unserved)}; it serves "
-            + ", ".join(
-                f"{g.name} (H={g.H} HV={g.HV} K={g.K} V={g.V})" for g in target.INFO.geometries
-            )
-            + f" (add the geometry to specs/{args.target}.yaml and emit it)",
+            f"{', '.join(unserved)}; it serves {info.served_geometries()}. "
+            + info.add_to_spec("each geometry under `geometries:`"),
             file=sys.stderr,
         )
         return 2

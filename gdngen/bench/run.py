@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import sys
 import time
@@ -188,22 +189,14 @@ def grid(
 ) -> list[Problem]:
     """Problems of the benchmark grid (``head_dims``: K = V values); every call uses a pool with
     int32 slot indices."""
-    problems = []
-    for head_dim in head_dims:
-        for layout in layouts:
-            for state_dtype in state_dtypes:
-                for mode in modes:
-                    for T in tokens:
-                        if mode == "verify" and T == 1:
-                            continue
-                        for HV in heads:
-                            for B in batches:
-                                problems.append(
-                                    Problem(
-                                        batch=B, tokens=T, H=H, HV=HV, K=head_dim, V=head_dim,
-                                        layout=layout, state_dtype=state_dtype, pool_size=B,
-                                        cache_steps=T if mode == "verify" else None,
-                                        disable_state_update=mode == "verify",
-                                    )  # fmt: skip
-                                )
-    return problems
+    return [
+        Problem(
+            batch=B, tokens=T, H=H, HV=HV, K=head_dim, V=head_dim, layout=layout,
+            state_dtype=state_dtype, pool_size=B, cache_steps=T if mode == "verify" else None,
+            disable_state_update=mode == "verify",
+        )  # fmt: skip
+        for head_dim, layout, state_dtype, mode, T, HV, B in itertools.product(
+            head_dims, layouts, state_dtypes, modes, tokens, heads, batches
+        )
+        if not (mode == "verify" and T == 1)
+    ]

@@ -312,11 +312,8 @@ def check_call(
     _contiguous("A_log", A_log)
     _contiguous("dt_bias", dt_bias)
 
-    geometry = (H, HV, K, V)
-    if not any((g.H, g.HV, g.K, g.V) == geometry for g in info.geometries):
-        served = ", ".join(
-            f"{g.name} (H={g.H}, HV={g.HV}, K={g.K}, V={g.V})" for g in info.geometries
-        )
+    if not info.serves_geometry(H, HV, K, V):
+        served = info.served_geometries()
         line = f"`- {{name: <model>, H: {H}, HV: {HV}, K: {K}, V: {V}}}` under `geometries:`"
         message = (
             f"q/v: geometry H={H}, HV={HV}, K={K}, V={V} was not generated for target "

@@ -23,6 +23,15 @@ class TargetInfo:
     #: the conv1d prologue's widths (features.conv1d_widths); empty: no prologue
     conv1d_widths: tuple[int, ...] = ()
 
+    def serves_geometry(self, H: int, HV: int, K: int, V: int) -> bool:
+        return any((g.H, g.HV, g.K, g.V) == (H, HV, K, V) for g in self.geometries)
+
+    def served_geometries(self) -> str:
+        """Its geometries, named with their shapes, for messages."""
+        return ", ".join(
+            f"{g.name} (H={g.H}, HV={g.HV}, K={g.K}, V={g.V})" for g in self.geometries
+        )
+
     def add_to_spec(self, what: str) -> str:
         """How to make the target serve something: ``what`` to add, and the command after."""
         spec = self.spec or f"the spec of target {self.name}"
