@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
-    from gdngen.emit import EmitError, check, display_path, emit, unmeasured_pairs
+    from gdngen.emit import EmitError, check, display_path, emit, tuned_sets, unmeasured_sets
     from gdngen.emit.render import RenderError
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.tuning_file import (
@@ -42,7 +42,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
             return 2
         # Pairs whose timings do not hold (or were never measured) use the static rules; say so,
         # and how to measure them, wherever their dispatch is not what a tune would pick.
-        unmeasured = unmeasured_pairs(spec, measured)
+        unmeasured = unmeasured_sets(spec, measured)
         if measured is not None and unmeasured:
             for pair, why in unmeasured.items():
                 print(
@@ -52,13 +52,13 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                 )
             print(
                 f"  re-measure on a {spec.tuning.gpu if spec.tuning else 'GPU'}: "
-                f"{remeasure_command(shown, list(unmeasured))}",
+                f"{remeasure_command(shown, spec, list(unmeasured))}",
                 file=sys.stderr,
             )
         source = (
             "the spec's static rules"
             + (f" ({'no tuning file' if measured is None else 'no pair measured'})")
-            if measured is None or len(unmeasured) == len(spec.served)
+            if measured is None or len(unmeasured) == len(tuned_sets(spec))
             else measured.name
             + (f" (static rules for {', '.join(unmeasured)})" if unmeasured else "")
         ) + "".join(f"; on {gpu}: {other.name}" for gpu, other in other_gpus.items())
@@ -104,6 +104,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from gdngen.tune.run import TuneError, merge, retime_record, tune, write
     from gdngen.tune.tuning_file import (
         TuningError,
+        head_dims_arg,
+        parse_head_dims,
         read_tuning,
         stale_pairs,
         tuning_path_for_gpu,
@@ -129,11 +131,27 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    unknown = [h for h in heads or () if h not in spec.tuning.heads]
+    grid_heads = sorted({hv for dims in spec.tuned_head_dims for hv in spec.tuning_heads(dims)})
+    unknown = [h for h in heads or () if h not in grid_heads]
     if unknown:
         print(
-            f"gdngen tune: --heads {unknown} are not in tuning.heads of {spec_path} "
-            f"({list(spec.tuning.heads)}); add them there first",
+            f"gdngen tune: --heads {unknown} are not HVs the grid of {spec_path} measures "
+            f"({grid_heads}: tuning.heads, and the HVs of tuning.head_dims' geometries); add "
+            "them to tuning.heads first",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        head_dims = parse_head_dims(args.head_dims) if args.head_dims else None
+    except ValueError as exc:
+        print(f"gdngen tune: {exc}", file=sys.stderr)
+        return 2
+    unknown = [d for d in head_dims or () if d not in spec.tuned_head_dims]
+    if unknown:
+        print(
+            f"gdngen tune: --head-dims {','.join(map(head_dims_arg, unknown))}: the grid of "
+            f"{spec_path} measures {','.join(map(head_dims_arg, spec.tuned_head_dims))} (the "
+            "geometries of tuning.heads, and tuning.head_dims); add them to tuning.head_dims first",
             file=sys.stderr,
         )
         return 2
@@ -178,7 +196,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             try:
                 measured = tune(
                     spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=heads,
-                    replays=args.replays, earlier=old, retime=args.retime, gpu_turn=gpu_turn,
+                    head_dims=head_dims, replays=args.replays, earlier=old, retime=args.retime, gpu_turn=gpu_turn,
                 )  # fmt: skip
                 old = merge(old, measured, spec, retimed_by=retimed_by)
             except TuneError as exc:
@@ -330,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_tune.add_argument("--tokens", help="only these T values (default: the spec's tuning.tokens)")
     p_tune.add_argument(
         "--heads", help="only these HV values of tuning.heads, e.g. 4,6,8 (default: all of them)"
+    )
+    p_tune.add_argument(
+        "--head-dims",
+        help="only these head dims of the grid, K (for K = V) or KxV, e.g. 256 or 128,64 "
+        "(default: tuning.heads' and every one of tuning.head_dims)",
     )
     p_tune.add_argument(
         "--merge", action="store_true", help="keep cells of the existing file not re-measured"

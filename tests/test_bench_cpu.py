@@ -119,12 +119,27 @@ def test_contenders_drop_names_the_target_no_longer_has(tmp_path):
 
 def test_tuned_cell_matches_every_coordinate(tmp_path):
     tuning = read_tuning(_tuning_file(tmp_path, {KL_BF16[0]: 10.0}))
-    assert tuned_cell(tuning, _problem()) is not None
+    assert tuned_cell(tuning, _problem(), h200) is not None
     for change in (
         dict(HV=32), dict(batch=4, pool_size=4), dict(tokens=2), dict(state_dtype="fp32"),
         dict(tokens=1, cache_steps=1, disable_state_update=True),
     ):  # fmt: skip
-        assert tuned_cell(tuning, _problem(**change)) is None, change
+        assert tuned_cell(tuning, _problem(**change), h200) is None, change
+
+
+def test_tuned_cell_keeps_head_dims_apart(tmp_path):
+    """A K = V = 256 problem at the base cell's coordinates takes the cell measured at its head
+    dims, never the base's (whose variants are K = 128 kernels), and the reverse."""
+    (k256,) = _variants("kl_bf16", 256)[:1]
+    base = _tuning_file(tmp_path, {KL_BF16[0]: 10.0}, HV=32)
+    at_256 = dict(HV=32, H=16, K=256, V=256)
+    assert tuned_cell(read_tuning(base), _problem(**at_256), h200) is None
+    assert tuned_cell(read_tuning(base), _problem(HV=32), h200) is not None
+    other = tmp_path / "k256"
+    other.mkdir()
+    wide = read_tuning(_tuning_file(other, {k256: 20.0}, HV=32, K=256, V=256))
+    assert tuned_cell(wide, _problem(**at_256), h200).times_us == {k256: 20.0}
+    assert tuned_cell(wide, _problem(HV=32), h200) is None
 
 
 def test_contenders_within_a_margin_break_ties_by_name():

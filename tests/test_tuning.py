@@ -418,7 +418,7 @@ def test_cli_heads_must_be_in_the_tuning_grid(tmp_path):
         cwd=tmp_path, capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 2
-    assert "--heads [40] are not in tuning.heads of specs/mini.yaml ([32, 64])" in run.stderr
+    assert "--heads [40] are not HVs the grid of specs/mini.yaml measures ([32, 64]" in run.stderr
     run = subprocess.run(
         [sys.executable, "-m", "gdngen", "tune", "specs/mini.yaml", "--heads", "all"],
         cwd=tmp_path, capture_output=True, text=True,
@@ -683,3 +683,136 @@ def test_settle_ranks_every_variant_by_timings_taken_in_the_same_company():
 def test_settle_leaves_a_lone_variant_alone():
     first = {"only": 5.0}
     assert settle(first, lambda names: pytest.fail(f"re-timed {names}")) == first
+
+
+# -- Other head dims in the grid (tuning.head_dims) -----------------------------------------------
+
+WIDE = {
+    **SMALL,
+    "geometries": [*SMALL["geometries"], {"name": "wide", "H": 16, "HV": 32, "K": 256, "V": 256}],
+    "variants": [
+        *SMALL["variants"],
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 8, "ilp": 2, "vec": 8, "threads_per_group": 32},
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 32, "ilp": 2, "vec": 8, "threads_per_group": 32},
+        {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 2, "vec": 4, "threads_per_group": 32, "k_splits": 2},
+    ],
+    "tuning": {**SMALL["tuning"], "head_dims": [[256, 256]]},
+    "dispatch": [
+        {"layout": "k_last", "state_dtype": "bf16", "head_dims": [256, 256], "tokens": [1, 8], "batch_heads": [1, None], "use": "kl_bf16_tv8_ilp2_vec8_tpg32_sm90"},
+        {"layout": "k_last", "state_dtype": "fp32", "head_dims": [256, 256], "tokens": [1, 8], "batch_heads": [1, None], "use": "kl_fp32_tv8_ilp2_vec4_tpg32_ks2_sm90"},
+        *SMALL["dispatch"],
+    ],
+}  # fmt: skip
+WIDE_SMALL, WIDE_LARGE = "kl_bf16_tv8_ilp2_vec8_tpg32_sm90", "kl_bf16_tv32_ilp2_vec8_tpg32_sm90"
+
+
+@pytest.fixture
+def wide():
+    return parse_spec(to_yaml(WIDE), "specs/mini.yaml")
+
+
+def _wide_cells() -> list[Cell]:
+    """bf16 at K = V = 256 (HV 32, the wide geometry's): the 32-row CTA wins from B = 64."""
+    return [
+        Cell(
+            layout="k_last", state_dtype="bf16", tokens=T, mode=mode, HV=32, batch=B, K=256,
+            V=256, times_us={WIDE_SMALL: 10.0 * B, WIDE_LARGE: 10.0 * B + (5 if B == 1 else -B)},
+        )  # fmt: skip
+        for mode, T in (("update", 1), ("update", 4), ("verify", 4))
+        for B in (1, 64)
+    ]
+
+
+def test_the_grid_measures_each_head_dims_with_its_own_kernels_and_hvs(wide):
+    from gdngen.tune.run import grid_sets
+
+    assert wide.tuned_head_dims == ((128, 128), (256, 256))
+    sets = {(l, d, dims): (names, HVs) for l, d, dims, names, HVs in grid_sets(wide, wide.served)}
+    assert sets[("k_last", "bf16", (128, 128))] == (sorted([SMALL_V, LARGE_V]), (32, 64))
+    assert sets[("k_last", "bf16", (256, 256))] == (sorted([WIDE_SMALL, WIDE_LARGE]), (32,))
+    assert sets[("k_last", "fp32", (256, 256))] == (["kl_fp32_tv8_ilp2_vec4_tpg32_ks2_sm90"], (32,))
+    # --heads 64 leaves no HV of the wide geometry; --head-dims 256 leaves only its sets
+    assert {dims for _, _, dims, _, _ in grid_sets(wide, wide.served, heads=(64,))} == {(128, 128)}
+    only = grid_sets(wide, wide.served, head_dims=((256, 256),))
+    assert {dims for _, _, dims, _, _ in only} == {(256, 256)}
+
+
+def test_cells_of_other_head_dims_round_trip_and_give_their_own_rules(wide, tmp_path):
+    from gdngen.emit.plan import dispatch_rules, measured_sets, unmeasured_sets
+
+    tuning = _tuning(wide, cells=_cells() + _wide_cells())
+    text = dump_tuning(tuning)
+    assert "K: 256, V: 256" in text and text.count("K: ") == len(_wide_cells())
+    measured = load_tuning(_write(tmp_path, tuning), wide, "specs/mini.tuning.yaml")
+    assert sorted(measured.cells, key=repr) == sorted(tuning.cells, key=repr)
+    assert not measured.stale
+    assert ("k_last", "bf16", (256, 256)) in measured_sets(wide, measured)
+    assert unmeasured_sets(wide, measured) == {
+        "k_last/fp32": "specs/mini.tuning.yaml has no cells of it",
+        "k_last/fp32 K=256 V=256": "specs/mini.tuning.yaml has no cells of it",
+    }
+    rules = dispatch_rules(wide, measured)
+
+    def pick(K, B):
+        shape = CallShape(
+            layout="k_last", state_dtype="bf16", tokens=1, batch_heads=B * 32, intermediate=False,
+            head_dims=(K, K),
+        )  # fmt: skip
+        return select(rules, shape)
+
+    assert pick(256, 1).use == WIDE_SMALL and pick(256, 64).use == WIDE_LARGE
+    assert "tuned specs/mini.tuning.yaml" in pick(256, 64).source
+    assert pick(128, 1).use == SMALL_V  # the base's timings, not the wide ones
+    # the static K = 256 bf16 rule is shadowed by the measured ones and dropped
+    assert not any(r.head_dims == (256, 256) and r.source.startswith("spec") and
+                   r.state_dtype == "bf16" for r in rules)  # fmt: skip
+
+
+def test_a_variant_added_at_other_head_dims_makes_only_that_set_stale(wide, tmp_path):
+    tuning = _tuning(wide, cells=_cells() + _wide_cells())
+    data = yaml.safe_load(to_yaml(WIDE))
+    data["variants"].append(
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 16, "ilp": 2, "vec": 8,
+         "threads_per_group": 32}
+    )  # fmt: skip
+    changed = parse_spec(to_yaml(data), "specs/mini.yaml")
+    measured = load_tuning(_write(tmp_path, tuning), changed)
+    assert list(measured.stale) == ["k_last/bf16 K=256 V=256"]
+    assert all(c.K is None for c in measured.cells)  # the base's cells still hold
+
+
+def test_head_dims_of_the_grid_are_checked_against_the_geometries():
+    from gdngen.spec import SpecError
+
+    for dims, why in (([64, 64], "[64, 64] must be the (K, V) of a geometry"),
+                      ([128, 128], "other than tuning.heads' [128, 128]")):  # fmt: skip
+        data = yaml.safe_load(to_yaml(WIDE))
+        data["tuning"]["head_dims"] = [dims]
+        with pytest.raises(SpecError, match=r"tuning.head_dims\[0\]") as info:
+            parse_spec(to_yaml(data), "specs/mini.yaml")
+        assert why in str(info.value)
+
+
+def test_remeasure_commands_name_the_head_dims(wide):
+    from gdngen.tune.tuning_file import parse_head_dims, remeasure_command
+
+    command = remeasure_command("specs/mini.yaml", wide, ["k_last/fp32", "k_last/bf16 K=256 V=256"])
+    assert command == (
+        "gdngen tune specs/mini.yaml --pairs k_last/fp32 --merge; "
+        "gdngen tune specs/mini.yaml --pairs k_last/bf16 --head-dims 256 --merge"
+    )
+    assert parse_head_dims("256,128x64") == ((256, 256), (128, 64))
+    with pytest.raises(ValueError, match="--head-dims"):
+        parse_head_dims("K256")
+
+
+def test_cli_head_dims_must_be_in_the_grid(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mini.yaml").write_text(to_yaml(SMALL))
+    run = subprocess.run(
+        [sys.executable, "-m", "gdngen", "tune", "specs/mini.yaml", "--head-dims", "256"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "--head-dims 256: the grid of specs/mini.yaml measures 128" in run.stderr

@@ -45,14 +45,22 @@ def problem_variants(target: ModuleType, problem: Problem) -> list[str]:
     return pair_variants(target, problem.layout, problem.state_dtype, (problem.K, problem.V))
 
 
-def tuned_cell(tuning: TuningFile, problem: Problem) -> Cell | None:
-    """The tuning file's cell for ``problem``, if the tune measured that very cell."""
+def tuned_cell(tuning: TuningFile, problem: Problem, target: ModuleType) -> Cell | None:
+    """The tuning file's cell for ``problem``, if the tune measured that very cell (at its head
+    dims: a cell of the grid's base head dims names none, so the variants of it that the target
+    still has must be kernels of the problem's head dims)."""
     key = (
         problem.layout, problem.state_dtype, problem.tokens, problem.mode, problem.HV,
         problem.batch,
     )  # fmt: skip
+    served = set(problem_variants(target, problem))
     for cell in tuning.cells:
-        if (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV, cell.batch) == key:
+        if (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV, cell.batch) != key:
+            continue
+        if cell.K is not None:
+            if (cell.K, cell.V) == (problem.K, problem.V):
+                return cell
+        elif set(cell.times_us) & set(target.VARIANTS) <= served:
             return cell
     return None
 
@@ -91,7 +99,7 @@ def picker(
         tuning = read_tuning(tuning_path)
 
         def contenders(problem: Problem) -> tuple[list[str], str]:
-            cell = tuned_cell(tuning, problem)
+            cell = tuned_cell(tuning, problem, target)
             fitting = problem_variants(target, problem)
             names = [name for name in cell.within(margin) if name in fitting] if cell else []
             if not names:  # a cell measured at other head dims names none of this problem's

@@ -1,6 +1,6 @@
 """Emitting a target: plan the files, render them through the templates, write them."""
 
-from .plan import PlannedFile, VariantView, dispatch_rules, plan_target, unmeasured_pairs
+from .plan import PlannedFile, VariantView, dispatch_rules, plan_target, tuned_sets, unmeasured_sets
 from .render import RenderError, render
 from .writer import EmitError, EmitResult, check, display_path, emit, expected_files
 
@@ -17,5 +17,6 @@ __all__ = [
     "expected_files",
     "plan_target",
     "render",
-    "unmeasured_pairs",
+    "tuned_sets",
+    "unmeasured_sets",
 ]

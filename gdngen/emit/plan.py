@@ -15,8 +15,7 @@ from gdngen.device.lanes import butterfly_offsets, reduce_scatter
 from gdngen.dispatch import Rule, coverage_gap, measured_rules, reached
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
-from gdngen.terms import pair_key
-from gdngen.tune.tuning_file import Measured, TuningError
+from gdngen.tune.tuning_file import Measured, TuningError, set_key
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -211,22 +210,38 @@ def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
     )
 
 
-def measured_pairs(spec: Spec, measured: Measured | None) -> list[tuple[str, str]]:
-    """The served (layout, dtype) pairs whose dispatch comes from measurements."""
+def tuned_sets(spec: Spec) -> list[tuple[str, str, tuple[int, int] | None]]:
+    """Every set a tuning file can measure for ``spec``: each served (layout, dtype) pair at each
+    head dims of the grid it has candidates for (at None, any head dims, without a grid)."""
+    return [
+        (layout, state_dtype, dims)
+        for layout, state_dtype in spec.served
+        for dims in spec.tuned_head_dims or (None,)
+        if dims in (None, spec.tuning_head_dims)
+        or spec.tuning_candidates(layout, state_dtype, dims)
+    ]
+
+
+def measured_sets(
+    spec: Spec, measured: Measured | None
+) -> list[tuple[str, str, tuple[int, int] | None]]:
+    """The sets of :func:`tuned_sets` whose dispatch comes from measurements."""
     if measured is None:
         return []
-    with_cells = {(cell.layout, cell.state_dtype) for cell in measured.cells}
-    return [pair for pair in spec.served if pair in with_cells]
+    base = spec.tuning_head_dims
+    with_cells = {(c.layout, c.state_dtype, c.head_dims(base)) for c in measured.cells}
+    return [s for s in tuned_sets(spec) if s in with_cells]
 
 
-def unmeasured_pairs(spec: Spec, measured: Measured | None) -> dict[str, str]:
-    """Served pairs whose dispatch falls back to the spec's static rules, each with why."""
-    fresh = set(measured_pairs(spec, measured))
+def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
+    """The sets of :func:`tuned_sets` whose dispatch falls back to the spec's static rules, by
+    :func:`set_key`, each with why."""
+    fresh = set(measured_sets(spec, measured))
     reasons = {}
-    for pair in spec.served:
-        if pair in fresh:
+    for layout, state_dtype, dims in tuned_sets(spec):
+        if (layout, state_dtype, dims) in fresh:
             continue
-        key = pair_key(*pair)
+        key = set_key(layout, state_dtype, dims, spec)
         if measured is None:
             reasons[key] = "no tuning file"
         else:
@@ -240,16 +255,20 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     measured rules for the pairs whose timings hold, at the head dims they were measured at; then
     the spec's other static rules that still serve some call (every call of the other pairs, and
     the measured pairs' calls at other head dims), each citing where it came from."""
-    pairs = measured_pairs(spec, measured)
+    sets = measured_sets(spec, measured)
     static = [
         rule.model_copy(update={"source": f"spec dispatch[{index}]"})
         for index, rule in enumerate(spec.dispatch)
     ]
     rules = [rule for rule in static if rule.gated_norm]
     if measured:
-        rules += measured_rules(
-            measured.cells, pairs, spec.features.max_tokens, measured.name, spec.tuning_head_dims
-        )
+        base = spec.tuning_head_dims
+        for dims in spec.tuned_head_dims:
+            rules += measured_rules(
+                [c for c in measured.cells if c.head_dims(base) == dims],
+                [(layout, state_dtype) for layout, state_dtype, d in sets if d == dims],
+                spec.features.max_tokens, measured.name, dims,
+            )  # fmt: skip
     rules += [rule for rule in static if not rule.gated_norm]
     gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured

@@ -11,11 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gdngen.spec import Spec, spec_sha256
-from gdngen.terms import pair_key
+from gdngen.tune.tuning_file import Measured, set_key
 
-from gdngen.tune.tuning_file import Measured
-
-from .plan import kernel_body, measured_pairs, plan_target, unmeasured_pairs
+from .plan import kernel_body, measured_sets, plan_target, unmeasured_sets
 from .render import render
 
 MANIFEST = "MANIFEST.txt"
@@ -51,8 +49,8 @@ def expected_files(
         f"# Regenerate: gdngen emit {spec_display}",
         f"# Spec sha256: {spec_sha256(spec)}",
     ]
-    unmeasured = unmeasured_pairs(spec, tuning)
-    measured = [pair_key(*pair) for pair in spec.served if pair_key(*pair) not in unmeasured]
+    unmeasured = unmeasured_sets(spec, tuning)
+    measured = [set_key(*s, spec) for s in measured_sets(spec, tuning)]
     if measured:
         lines.append(f"# Dispatch measured ({tuning.name}): {', '.join(measured)}")
     for pair, why in unmeasured.items():
@@ -62,8 +60,8 @@ def expected_files(
         if other is None:
             lines.append(f"# Dispatch on {gpu}: no tuning file, so the default table above")
             continue
-        gpu_unmeasured = unmeasured_pairs(spec, other)
-        gpu_measured = [pair_key(*pair) for pair in measured_pairs(spec, other)]
+        gpu_unmeasured = unmeasured_sets(spec, other)
+        gpu_measured = [set_key(*s, spec) for s in measured_sets(spec, other)]
         rest = f"; static rules for {', '.join(gpu_unmeasured)}" if gpu_unmeasured else ""
         lines.append(
             f"# Dispatch on {gpu}: its own table, measured ({other.name}): "

@@ -421,6 +421,9 @@ class Tuning(_Strict):
     batch: tuple[int, ...] = (1, 4, 16, 64, 256, 512)
     heads: tuple[int, ...] = (32, 64)
     modes: tuple[Literal["update", "verify"], ...] = ("update", "verify")
+    #: more head dims (K, V) the grid measures besides its HVs' (``heads``): each at the HVs of
+    #: the spec's geometries with those head dims, with the variants built for them
+    head_dims: tuple[tuple[int, int], ...] = ()
     #: for T > 1, time only the variants within this factor of the best at T = 1 somewhere
     multi_token_shortlist: float = Field(default=1.10, ge=1.0)
 
@@ -491,12 +494,17 @@ class Spec(_Strict):
     #: gdngen.spec.load; not part of the spec's meaning or hash)
     _ancestors: tuple[tuple["Spec", str], ...] = PrivateAttr(default=())
 
-    def tuning_geometry(self, HV: int) -> Geometry:
+    def tuning_geometry(self, HV: int, head_dims: tuple[int, int] | None = None) -> Geometry:
         """The geometry ``gdngen tune`` measures a cell of ``HV`` value heads on: the first with
-        that HV in the spec's order. Shards of several models can share an HV (Qwen3-Next at TP 1
-        and Qwen3.5 at TP 2 both have 32) with other q/k head counts; listing each model at TP 1
-        before its shards keeps the cells of HV 32 and 64 on the full models."""
-        return next(g for g in self.geometries if g.HV == HV)
+        that HV (and ``head_dims``, if given) in the spec's order. Shards of several models can
+        share an HV (Qwen3-Next at TP 1 and Qwen3.5 at TP 2 both have 32) with other q/k head
+        counts; listing each model at TP 1 before its shards keeps the cells of HV 32 and 64 on
+        the full models."""
+        return next(
+            g
+            for g in self.geometries
+            if g.HV == HV and (head_dims is None or (g.K, g.V) == head_dims)
+        )
 
     def build_geometries(self, names: tuple[str, ...] | None = None) -> list[Geometry]:
         """The geometries ``gdngen build`` compiles: ``names`` (a ValueError names any the spec
@@ -613,6 +621,13 @@ class Spec(_Strict):
                     f"tuning.heads: their geometries have head dims {sorted(measured_dims)}; the "
                     f"tuning grid measures one (K, V), the first geometry with each HV's"
                 )
+            for index, dims in enumerate(self.tuning.head_dims):
+                if dims not in self.head_dims or dims in measured_dims:
+                    raise ValueError(
+                        f"tuning.head_dims[{index}]: {list(dims)} must be the (K, V) of a "
+                        f"geometry ({', '.join(str(list(d)) for d in self.head_dims)}) other "
+                        f"than tuning.heads' {list(next(iter(measured_dims)))}"
+                    )
         gap = coverage_gap(
             self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.fusions
         )
@@ -693,16 +708,35 @@ class Spec(_Strict):
 
     @property
     def tuning_head_dims(self) -> tuple[int, int] | None:
-        """The (K, V) the tuning grid measures (that of its HVs' geometries); None without one."""
+        """The (K, V) the tuning grid measures at its HVs (``tuning.heads``), the base of its
+        tables; None without a grid."""
         if self.tuning is None:
             return None
         g = self.tuning_geometry(self.tuning.heads[0])
         return (g.K, g.V)
 
-    def tuning_candidates(self, layout: str, state_dtype: str) -> list[Variant]:
-        """The variants ``gdngen tune`` times in the cells of one (layout, dtype) pair: those built
-        for the head dims it measures (every variant of the pair without a tuning grid)."""
-        head_dims = self.tuning_head_dims
+    @property
+    def tuned_head_dims(self) -> tuple[tuple[int, int], ...]:
+        """Every (K, V) the tuning grid measures: ``tuning_head_dims`` first, then
+        ``tuning.head_dims``."""
+        if self.tuning is None:
+            return ()
+        return (self.tuning_head_dims, *self.tuning.head_dims)
+
+    def tuning_heads(self, head_dims: tuple[int, int]) -> tuple[int, ...]:
+        """The HVs the grid measures at ``head_dims``: ``tuning.heads`` at the base head dims,
+        else those of the spec's geometries with these head dims."""
+        if head_dims == self.tuning_head_dims:
+            return self.tuning.heads
+        return tuple(sorted({g.HV for g in self.geometries if (g.K, g.V) == head_dims}))
+
+    def tuning_candidates(
+        self, layout: str, state_dtype: str, head_dims: tuple[int, int] | None = None
+    ) -> list[Variant]:
+        """The variants ``gdngen tune`` times in the cells of one (layout, dtype) pair at
+        ``head_dims`` (default: the base, ``tuning_head_dims``): those built for them (every
+        variant of the pair without a tuning grid)."""
+        head_dims = head_dims or self.tuning_head_dims
         return [
             v
             for v in self.variants

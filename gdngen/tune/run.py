@@ -39,9 +39,10 @@ from gdngen.spec.model import Spec
 from .tuning_file import (
     Cell,
     TuningFile,
+    cell_set,
     gpu_model,
-    pair_key,
     pair_sha256,
+    set_key,
     stale_pairs,
     tuning_gpus,
 )
@@ -136,6 +137,27 @@ def shortlist(cells: list[Cell], factor: float, family: dict[str, str] | None = 
     return sorted(keep)
 
 
+def grid_sets(
+    spec: Spec,
+    pairs: list[tuple[str, str]],
+    head_dims: tuple[tuple[int, int], ...] | None = None,
+    heads: tuple[int, ...] | None = None,
+) -> list[tuple[str, str, tuple[int, int], list[str], tuple[int, ...]]]:
+    """What a run measures, one set (a pair at one head dims) at a time: ``(layout, state dtype,
+    head dims, candidates, HVs)`` for each of ``pairs`` at each of ``head_dims`` (default: every
+    head dims of the grid) that the pair has candidates for, at the grid's HVs for those head dims
+    (only those in ``heads``, if given)."""
+    sets = []
+    for layout, state_dtype in pairs:
+        for dims in head_dims or spec.tuned_head_dims:
+            candidates = spec.tuning_candidates(layout, state_dtype, dims)
+            HVs = tuple(hv for hv in spec.tuning_heads(dims) if heads is None or hv in heads)
+            if candidates and HVs:
+                names = sorted(map(spec.variant_name, candidates))
+                sets.append((layout, state_dtype, dims, names, HVs))
+    return sets
+
+
 def earlier_first_token_cells(earlier: TuningFile | None, spec: Spec, gpu: str) -> list[Cell]:
     """The T = 1 cells of ``earlier`` (the file a run merges into) that still hold for ``spec`` on
     this GPU: they shortlist the T > 1 candidates of a run that does not measure T = 1 itself
@@ -143,9 +165,7 @@ def earlier_first_token_cells(earlier: TuningFile | None, spec: Spec, gpu: str) 
     if earlier is None or earlier.gpu != gpu:
         return []
     stale = stale_pairs(earlier, spec)
-    return [
-        c for c in earlier.cells if c.tokens == 1 and pair_key(c.layout, c.state_dtype) not in stale
-    ]
+    return [c for c in earlier.cells if c.tokens == 1 and cell_set(c, spec) not in stale]
 
 
 def retime_names(cell: Cell, spec: Spec) -> list[str]:
@@ -161,14 +181,15 @@ def tune(
     pairs: list[tuple[str, str]] | None = None,
     tokens: tuple[int, ...] | None = None,
     heads: tuple[int, ...] | None = None,
+    head_dims: tuple[tuple[int, int], ...] | None = None,
     replays: int = 15,
     earlier: TuningFile | None = None,
     retime: bool = False,
     progress: TextIO = sys.stderr,
     gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> TuningFile:
-    """Time the candidates of every cell of the spec's tuning grid (or of ``pairs``, ``tokens``
-    and ``heads``), as a tuning file of the cells measured.
+    """Time the candidates of every cell of the spec's tuning grid (or of ``pairs``, ``tokens``,
+    ``heads`` and ``head_dims``, see :func:`grid_sets`), as a tuning file of the cells measured.
 
     With ``retime``, only cells already in ``earlier`` are timed, and only their contenders
     (:func:`retime_names`); each comes back as the earlier cell with the new timing added.
@@ -199,14 +220,17 @@ def tune(
     # (cells of pairs whose variants changed since are stale: those are not added to)
     stale = stale_pairs(earlier, spec) if retime else {}
     earlier_cells = {
-        _cell_key(c): c
-        for c in (earlier.cells if retime else [])
-        if pair_key(c.layout, c.state_dtype) not in stale
+        _cell_key(c): c for c in (earlier.cells if retime else []) if cell_set(c, spec) not in stale
     }
-    for layout, state_dtype in measured_pairs:
-        candidates = sorted(map(spec.variant_name, spec.tuning_candidates(layout, state_dtype)))
+    base = spec.tuning_head_dims
+    sets = grid_sets(spec, measured_pairs, head_dims, heads)
+    for layout, state_dtype, dims, candidates, HVs in sets:
+        # a cell at the base head dims leaves K and V out (files from before other head dims)
+        K, V = (None, None) if dims == base else dims
         first_cells = [
-            c for c in earlier_first if (c.layout, c.state_dtype) == (layout, state_dtype)
+            c
+            for c in earlier_first
+            if (c.layout, c.state_dtype, c.head_dims(base)) == (layout, state_dtype, dims)
         ]
         for T in run_tokens:
             for mode in grid.modes:
@@ -217,11 +241,14 @@ def tune(
                     if T > 1 and first_cells
                     else candidates
                 )
-                for HV in heads or grid.heads:
-                    g = spec.tuning_geometry(HV)
+                for HV in HVs:
+                    g = spec.tuning_geometry(HV, dims)
                     for B in grid.batch:
-                        where = f"{layout} {state_dtype} T={T} {mode:6s} HV={HV:3d} B={B:4d}"
-                        key = (layout, state_dtype, T, mode, HV, B)
+                        where = (
+                            f"{set_key(layout, state_dtype, dims, spec)} T={T} {mode:6s} "
+                            f"HV={HV:3d} B={B:4d}"
+                        )
+                        key = (layout, state_dtype, T, mode, HV, B, K, V)
                         timed = names
                         if retime:
                             before = earlier_cells.get(key)
@@ -247,7 +274,7 @@ def tune(
                         else:
                             cell = Cell(
                                 layout=layout, state_dtype=state_dtype, tokens=T, mode=mode,
-                                HV=HV, batch=B, times_us=rounded,
+                                HV=HV, batch=B, K=K, V=V, times_us=rounded,
                             )  # fmt: skip
                         cells.append(cell)
                         if T == 1:
@@ -266,7 +293,10 @@ def tune(
         gpu=gpu,
         date=datetime.date.today().isoformat(),
         command="gdngen " + shlex.join(argv),
-        variants_sha256={pair_key(*pair): pair_sha256(spec, *pair) for pair in measured_pairs},
+        variants_sha256={
+            set_key(layout, state_dtype, dims, spec): pair_sha256(spec, layout, state_dtype, dims)
+            for layout, state_dtype, dims, _, _ in sets
+        },
         copy_bw_tbps=round(copy_bw / 1e12, 3),
         versions={k: v for k, v in meta["versions"].items()},
         cells=cells,
@@ -297,12 +327,10 @@ def merge(
     stale = stale_pairs(old, spec)
     remeasured = {_cell_key(c) for c in new.cells}
     kept = [
-        c
-        for c in old.cells
-        if pair_key(c.layout, c.state_dtype) not in stale and _cell_key(c) not in remeasured
+        c for c in old.cells if cell_set(c, spec) not in stale and _cell_key(c) not in remeasured
     ]
-    kept_pairs = {pair_key(c.layout, c.state_dtype) for c in kept}
-    hashes = {key: sha for key, sha in old.variants_sha256.items() if key in kept_pairs}
+    kept_sets = {cell_set(c, spec) for c in kept}
+    hashes = {key: sha for key, sha in old.variants_sha256.items() if key in kept_sets}
     hashes.update(new.variants_sha256)
     # The runs that retimed kept cells stay named in the header, before those of ``new``.
     retimed = old.retimed if any(c.retimed_us for c in kept) else []
@@ -342,7 +370,16 @@ def retime_record(gpu: str, uuid: str | None, argv: list[str]) -> str:
 
 def _cell_key(cell: Cell) -> tuple:
     """What identifies a cell of the grid: a re-measured cell replaces the old one."""
-    return (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV, cell.batch)
+    return (
+        cell.layout,
+        cell.state_dtype,
+        cell.tokens,
+        cell.mode,
+        cell.HV,
+        cell.batch,
+        cell.K,
+        cell.V,
+    )
 
 
 def write(path: Path, tuning: TuningFile) -> None:

@@ -2,9 +2,10 @@
 next to the spec (``gdngen tune`` writes them; ``gdngen emit`` turns the cells that still hold
 into dispatch rules with gdngen.dispatch.measured_rules, the verdict policy).
 
-A cell is (layout, state dtype, T, mode, HV, B) with the first timing of its candidates and one
-more per ``gdngen tune --retime`` run. The timings of a (layout, dtype) pair hold as long as the
-spec's variants of that pair are the ones measured (:func:`pair_sha256`); a pair whose variants
+A cell is (layout, state dtype, T, mode, HV, B, head dims) with the first timing of its
+candidates and one more per ``gdngen tune --retime`` run. The cells of one (layout, dtype) pair at
+one head dims form a set (:func:`set_key`). Its timings hold as long as the spec's variants of
+that pair for those head dims are the ones measured (:func:`pair_sha256`); a set whose variants
 changed is stale, and its dispatch falls back to the spec's static rules until it is re-measured.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gdngen.spec.model import Spec
 from gdngen.terms import Layout, StateDtype, pair_key
@@ -38,14 +39,30 @@ class Cell(_Strict):
     mode: Literal["update", "verify"]
     HV: int = Field(gt=0)
     batch: int = Field(gt=0)
+    #: the head dims measured where they are not the grid's base (``Spec.tuning_head_dims``), i.e.
+    #: a cell of ``tuning.head_dims``; None at the base (left out of the file)
+    K: int | None = Field(default=None, gt=0)
+    V: int | None = Field(default=None, gt=0)
     #: microseconds per call of each candidate variant
     times_us: dict[str, float]
     #: later timings of the cell's contenders, one per `gdngen tune --retime` run
     retimed_us: list[dict[str, float]] = []
 
+    @model_validator(mode="after")
+    def _both_head_dims(self) -> "Cell":
+        if (self.K is None) != (self.V is None):
+            raise ValueError(
+                f"a cell names both head dims K and V or neither; got K={self.K}, V={self.V}"
+            )
+        return self
+
     @property
     def batch_heads(self) -> int:
         return self.batch * self.HV
+
+    def head_dims(self, base: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The (K, V) the cell was measured at: its own, else the grid's ``base``."""
+        return (self.K, self.V) if self.K is not None else base
 
     @property
     def timings(self) -> list[dict[str, float]]:
@@ -78,35 +95,61 @@ class TuningFile(_Strict):
     cells: list[Cell]
 
 
-def pair_sha256(spec: Spec, layout: str, state_dtype: str) -> str:
-    """What the timings of one (layout, dtype) pair depend on: the target, the SM and the knobs of
-    that pair's variants that serve the measured head dims (the candidates of its cells). Hashed
-    per pair so that a variant added to one pair leaves the others' timings valid, and a variant
-    for other head dims leaves them all valid; knobs at their default value are left out, so that
-    a knob added to the Variant model (which does not change existing kernels' code) invalidates
+def set_key(layout: str, state_dtype: str, head_dims: tuple[int, int] | None, spec: Spec) -> str:
+    """How the cells of one (layout, dtype) pair at one head dims are named in files and messages:
+    the pair (``k_last/bf16``) at the grid's base head dims, ``k_last/bf16 K=256 V=256`` at
+    others (``tuning.head_dims``)."""
+    key = pair_key(layout, state_dtype)
+    if head_dims is None or head_dims == spec.tuning_head_dims:
+        return key
+    return f"{key} K={head_dims[0]} V={head_dims[1]}"
+
+
+def cell_set(cell: Cell, spec: Spec) -> str:
+    """:func:`set_key` of the set ``cell`` belongs to."""
+    return set_key(cell.layout, cell.state_dtype, cell.head_dims(spec.tuning_head_dims), spec)
+
+
+def pair_sha256(
+    spec: Spec, layout: str, state_dtype: str, head_dims: tuple[int, int] | None = None
+) -> str:
+    """What the timings of one (layout, dtype) pair at ``head_dims`` (default: the grid's base)
+    depend on: the target, the SM and the knobs of that pair's variants built for those head dims
+    (the candidates of its cells). Hashed per pair and head dims so that a variant added to one
+    leaves the others' timings valid; knobs at their default value are left out, so that a knob
+    added to the Variant model (which does not change existing kernels' code) invalidates
     nothing."""
     variants = sorted(
         (spec.variant_name(v), v.model_dump(mode="json", exclude_defaults=True))
-        for v in spec.tuning_candidates(layout, state_dtype)
+        for v in spec.tuning_candidates(layout, state_dtype, head_dims)
     )
     payload = {"target": spec.target, "sm": spec.sm, "variants": variants}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def variants_sha256(spec: Spec) -> dict[str, str]:
-    """:func:`pair_sha256` of every (layout, dtype) pair that has variants in ``spec``."""
+    """:func:`pair_sha256` of every (layout, dtype) pair that has variants in ``spec``, at every
+    head dims the grid measures that the pair has candidates for, by :func:`set_key`."""
     pairs = sorted({(v.layout, v.state_dtype) for v in spec.variants})
-    return {pair_key(*pair): pair_sha256(spec, *pair) for pair in pairs}
+    return {
+        set_key(*pair, dims, spec): pair_sha256(spec, *pair, dims)
+        for pair in pairs
+        for dims in spec.tuned_head_dims or (None,)
+        if dims is None or dims == spec.tuning_head_dims or spec.tuning_candidates(*pair, dims)
+    }
 
 
 def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
-    """The pairs with cells in ``tuning`` whose timings no longer hold for ``spec``, each with
-    why: the file records no hash for it, or the spec's variants of that pair changed since."""
+    """The sets (pairs at a head dims, :func:`set_key`) with cells in ``tuning`` whose timings no
+    longer hold for ``spec``, each with why: the file records no hash for it, or the spec's
+    variants of that pair for those head dims changed since."""
     stale = {}
-    for layout, state_dtype in sorted({(c.layout, c.state_dtype) for c in tuning.cells}):
-        key = pair_key(layout, state_dtype)
+    base = spec.tuning_head_dims
+    sets = {(c.layout, c.state_dtype, c.head_dims(base)) for c in tuning.cells}
+    for layout, state_dtype, dims in sorted(sets, key=lambda s: (s[0], s[1], s[2] or (0, 0))):
+        key = set_key(layout, state_dtype, dims, spec)
         recorded = tuning.variants_sha256.get(key)
-        current = pair_sha256(spec, layout, state_dtype)
+        current = pair_sha256(spec, layout, state_dtype, dims)
         if recorded is None:
             stale[key] = "the file records no variants sha256 for this pair"
         elif recorded != current:
@@ -175,14 +218,46 @@ class Measured:
     #: the file as dispatch rules cite it (a path relative to the project)
     name: str
     cells: tuple[Cell, ...]
-    #: "layout/dtype" -> why its cells no longer hold
+    #: :func:`set_key` ("layout/dtype", with head dims other than the base) -> why its cells
+    #: no longer hold
     stale: dict[str, str] = field(default_factory=dict)
     tuning: TuningFile | None = None
 
 
-def remeasure_command(spec_path: str, pairs: list[str]) -> str:
-    """The command that measures ``pairs`` again and merges them into the tuning file."""
-    return f"gdngen tune {spec_path} --pairs {','.join(pairs)} --merge"
+def remeasure_command(spec_path: str, spec: Spec, keys: list[str]) -> str:
+    """The commands that measure the sets ``keys`` (:func:`set_key`) again and merge them into
+    the tuning file, one per head dims."""
+    by_dims: dict[tuple[int, int] | None, list[str]] = {}
+    for dims in spec.tuned_head_dims or (None,):
+        for layout, state_dtype in spec.served:
+            if set_key(layout, state_dtype, dims, spec) in keys:
+                by_dims.setdefault(dims, []).append(pair_key(layout, state_dtype))
+    commands = []
+    for dims, pairs in by_dims.items():
+        other = dims not in (None, spec.tuning_head_dims)
+        head_dims = f" --head-dims {head_dims_arg(dims)}" if other else ""
+        commands.append(f"gdngen tune {spec_path} --pairs {','.join(pairs)}{head_dims} --merge")
+    return "; ".join(commands)
+
+
+def head_dims_arg(head_dims: tuple[int, int]) -> str:
+    """How ``gdngen tune --head-dims`` spells head dims: ``256`` for K = V = 256, else ``KxV``."""
+    K, V = head_dims
+    return str(K) if K == V else f"{K}x{V}"
+
+
+def parse_head_dims(text: str) -> tuple[tuple[int, int], ...]:
+    """``gdngen tune --head-dims``: a comma list of ``K`` (K = V) or ``KxV``, e.g. ``128,256``."""
+    dims = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+            raise ValueError(
+                f"--head-dims: expected K or KxV items like 256 or 128x256; got {item!r}"
+            )
+        K = int(parts[0])
+        dims.append((K, int(parts[-1])))
+    return tuple(dims)
 
 
 def load_tuning(
@@ -213,20 +288,20 @@ def load_tuning(
     stale = stale_pairs(tuning, spec)
     known = set(spec.variants_by_name)
     for cell in tuning.cells:
-        if pair_key(cell.layout, cell.state_dtype) in stale:
+        if cell_set(cell, spec) in stale:
             continue  # renamed or removed variants are expected there
         unknown = sorted({n for times in cell.timings for n in times} - known)
         if unknown:
             raise TuningError(
                 f"{path}: names variants the spec does not have: {', '.join(unknown)} (in a "
-                f"{pair_key(cell.layout, cell.state_dtype)} cell whose pair hash matches the spec: "
+                f"{cell_set(cell, spec)} cell whose pair hash matches the spec: "
                 "the file was edited by hand); re-measure it with gdngen tune"
             )
     expected_gpu = gpu or (spec.tuning.gpu if spec.tuning else None)
     if expected_gpu and expected_gpu.lower() not in tuning.gpu.lower():
         why = f"measured on {tuning.gpu!r}; this file is for the spec's {expected_gpu!r}"
-        stale = {key: why for key in {pair_key(c.layout, c.state_dtype) for c in tuning.cells}}
-    cells = tuple(c for c in tuning.cells if pair_key(c.layout, c.state_dtype) not in stale)
+        stale = {key: why for key in {cell_set(c, spec) for c in tuning.cells}}
+    cells = tuple(c for c in tuning.cells if cell_set(c, spec) not in stale)
     return Measured(name=name, cells=cells, stale=dict(sorted(stale.items())), tuning=tuning)
 
 
@@ -254,7 +329,10 @@ def dump_tuning(tuning: TuningFile) -> str:
     data = tuning.model_dump(mode="json")
     cells = sorted(
         data.pop("cells"),
-        key=lambda c: (c["layout"], c["state_dtype"], c["mode"], c["tokens"], c["HV"], c["batch"]),
+        key=lambda c: (
+            c["layout"], c["state_dtype"], c["K"] or 0, c["V"] or 0, c["mode"], c["tokens"],
+            c["HV"], c["batch"],
+        ),  # fmt: skip
     )
     data["variants_sha256"] = dict(sorted(data["variants_sha256"].items()))
     # `retimed` only once a --retime run has added timings: files without any stay as they were
@@ -266,10 +344,11 @@ def dump_tuning(tuning: TuningFile) -> str:
         "cells:",
     ]
     for cell in cells:
+        head_dims = f" K: {cell['K']}, V: {cell['V']}," if cell["K"] is not None else ""
         lines.append(
             f"  - {{layout: {cell['layout']}, state_dtype: {cell['state_dtype']}, "
             f"tokens: {cell['tokens']}, mode: {cell['mode']}, HV: {cell['HV']}, "
-            f"batch: {cell['batch']},"
+            f"batch: {cell['batch']},{head_dims}"
         )
         retimed = cell["retimed_us"]
         lines.append(f"     times_us: {_flow(cell['times_us'])}" + ("," if retimed else "}"))
