@@ -224,7 +224,13 @@ def _cmd_merge_tuning(args: argparse.Namespace) -> int:
         spec = load_spec(spec_path)
         runs = [read_tuning(Path(path)) for path in args.files]
         command = "gdngen " + shlex.join(sys.argv[1:])
-        merged = merge_runs(runs, spec, f"{command}, of {len(runs)} runs like: {runs[0].command}")
+        # One tune run's command as the example; a file merged before (often the first, the
+        # tuning file itself) would nest every earlier merge's command into the header.
+        example = next(
+            (r.command for r in runs if not r.command.startswith("gdngen merge-tuning")),
+            runs[0].command,
+        )
+        merged = merge_runs(runs, spec, f"{command}, of {len(runs)} runs like: {example}")
     except (SpecError, TuningError, TuneError) as exc:
         print(f"gdngen merge-tuning: {exc}", file=sys.stderr)
         return 2

@@ -565,6 +565,13 @@ def test_cli_merge_tuning_writes_the_spec_tuning_file(tmp_path):
     merged = load_tuning(specs / "mini.tuning.yaml", spec)
     assert sorted(merged.cells, key=repr) == sorted(_cells(), key=repr)
     assert merged.tuning.command.startswith("gdngen merge-tuning specs/mini.yaml run0.yaml")
+    # merging into the merged file names a tune run as the example, not the earlier merge
+    run = merge_tuning("specs/mini.tuning.yaml", paths[0])
+    assert run.returncode == 0, run.stderr
+    command = load_tuning(specs / "mini.tuning.yaml", spec).tuning.command
+    assert command.count("merge-tuning") == 1 and command.endswith(
+        f"like: {_runs_by_token_count_and_mode(spec)[0].command}"
+    )
     run = merge_tuning(paths[0], "missing.yaml")
     assert run.returncode == 2 and "missing.yaml: cannot read tuning file" in run.stderr
 
