@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
-    from gdngen.emit import EmitError, check, display_path, emit, tuned_sets, unmeasured_sets
+    from gdngen.emit import EmitError, check, display_path, emit, unmeasured_sets
     from gdngen.emit.render import RenderError
     from gdngen.spec import SpecError, load_spec
     from gdngen.tune.tuning_file import (
@@ -58,7 +58,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         source = (
             "the spec's static rules"
             + (f" ({'no tuning file' if measured is None else 'no pair measured'})")
-            if measured is None or len(unmeasured) == len(tuned_sets(spec))
+            if measured is None or len(unmeasured) == len(spec.tuning_sets())
             else measured.name
             + (f" (static rules for {', '.join(unmeasured)})" if unmeasured else "")
         ) + "".join(f"; on {gpu}: {other.name}" for gpu, other in other_gpus.items())
@@ -196,7 +196,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             try:
                 measured = tune(
                     spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=heads,
-                    head_dims=head_dims, replays=args.replays, earlier=old, retime=args.retime, gpu_turn=gpu_turn,
+                    head_dims=head_dims, replays=args.replays, earlier=old, retime=args.retime,
+                    gpu_turn=gpu_turn,
                 )  # fmt: skip
                 old = merge(old, measured, spec, retimed_by=retimed_by)
             except TuneError as exc:

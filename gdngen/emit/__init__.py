@@ -1,6 +1,6 @@
 """Emitting a target: plan the files, render them through the templates, write them."""
 
-from .plan import PlannedFile, VariantView, dispatch_rules, plan_target, tuned_sets, unmeasured_sets
+from .plan import PlannedFile, VariantView, dispatch_rules, plan_target, unmeasured_sets
 from .render import RenderError, render
 from .writer import EmitError, EmitResult, check, display_path, emit, expected_files
 
@@ -17,6 +17,5 @@ __all__ = [
     "expected_files",
     "plan_target",
     "render",
-    "tuned_sets",
     "unmeasured_sets",
 ]

@@ -210,35 +210,23 @@ def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
     )
 
 
-def tuned_sets(spec: Spec) -> list[tuple[str, str, tuple[int, int] | None]]:
-    """Every set a tuning file can measure for ``spec``: each served (layout, dtype) pair at each
-    head dims of the grid it has candidates for (at None, any head dims, without a grid)."""
-    return [
-        (layout, state_dtype, dims)
-        for layout, state_dtype in spec.served
-        for dims in spec.tuned_head_dims or (None,)
-        if dims in (None, spec.tuning_head_dims)
-        or spec.tuning_candidates(layout, state_dtype, dims)
-    ]
-
-
 def measured_sets(
     spec: Spec, measured: Measured | None
 ) -> list[tuple[str, str, tuple[int, int] | None]]:
-    """The sets of :func:`tuned_sets` whose dispatch comes from measurements."""
+    """The sets of ``spec.tuning_sets()`` whose dispatch comes from measurements."""
     if measured is None:
         return []
     base = spec.tuning_head_dims
     with_cells = {(c.layout, c.state_dtype, c.head_dims(base)) for c in measured.cells}
-    return [s for s in tuned_sets(spec) if s in with_cells]
+    return [s for s in spec.tuning_sets() if s in with_cells]
 
 
 def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
-    """The sets of :func:`tuned_sets` whose dispatch falls back to the spec's static rules, by
+    """The sets of ``spec.tuning_sets()`` whose dispatch falls back to the spec's static rules, by
     :func:`set_key`, each with why."""
     fresh = set(measured_sets(spec, measured))
     reasons = {}
-    for layout, state_dtype, dims in tuned_sets(spec):
+    for layout, state_dtype, dims in spec.tuning_sets():
         if (layout, state_dtype, dims) in fresh:
             continue
         key = set_key(layout, state_dtype, dims, spec)

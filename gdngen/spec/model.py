@@ -723,6 +723,22 @@ class Spec(_Strict):
             return ()
         return (self.tuning_head_dims, *self.tuning.head_dims)
 
+    def tuning_sets(
+        self, pairs: list[tuple[str, str]] | None = None
+    ) -> list[tuple[str, str, tuple[int, int] | None]]:
+        """The sets a tuning file can hold: each of ``pairs`` (default: the served ones) at each
+        head dims of the grid it has candidates for, as ``(layout, state dtype, head dims)``; at
+        head dims None (any) without a grid."""
+        pairs = self.served if pairs is None else pairs
+        if self.tuning is None:
+            return [(layout, state_dtype, None) for layout, state_dtype in pairs]
+        return [
+            (layout, state_dtype, dims)
+            for layout, state_dtype in pairs
+            for dims in self.tuned_head_dims
+            if self.tuning_candidates(layout, state_dtype, dims)
+        ]
+
     def tuning_heads(self, head_dims: tuple[int, int]) -> tuple[int, ...]:
         """The HVs the grid measures at ``head_dims``: ``tuning.heads`` at the base head dims,
         else those of the spec's geometries with these head dims."""

@@ -148,13 +148,13 @@ def grid_sets(
     head dims of the grid) that the pair has candidates for, at the grid's HVs for those head dims
     (only those in ``heads``, if given)."""
     sets = []
-    for layout, state_dtype in pairs:
-        for dims in head_dims or spec.tuned_head_dims:
+    for layout, state_dtype, dims in spec.tuning_sets(pairs):
+        HVs = tuple(hv for hv in spec.tuning_heads(dims) if heads is None or hv in heads)
+        if HVs and (head_dims is None or dims in head_dims):
             candidates = spec.tuning_candidates(layout, state_dtype, dims)
-            HVs = tuple(hv for hv in spec.tuning_heads(dims) if heads is None or hv in heads)
-            if candidates and HVs:
-                names = sorted(map(spec.variant_name, candidates))
-                sets.append((layout, state_dtype, dims, names, HVs))
+            sets.append(
+                (layout, state_dtype, dims, sorted(map(spec.variant_name, candidates)), HVs)
+            )
     return sets
 
 

@@ -132,10 +132,8 @@ def variants_sha256(spec: Spec) -> dict[str, str]:
     head dims the grid measures that the pair has candidates for, by :func:`set_key`."""
     pairs = sorted({(v.layout, v.state_dtype) for v in spec.variants})
     return {
-        set_key(*pair, dims, spec): pair_sha256(spec, *pair, dims)
-        for pair in pairs
-        for dims in spec.tuned_head_dims or (None,)
-        if dims is None or dims == spec.tuning_head_dims or spec.tuning_candidates(*pair, dims)
+        set_key(layout, state_dtype, dims, spec): pair_sha256(spec, layout, state_dtype, dims)
+        for layout, state_dtype, dims in spec.tuning_sets(pairs)
     }
 
 
@@ -227,16 +225,18 @@ class Measured:
 def remeasure_command(spec_path: str, spec: Spec, keys: list[str]) -> str:
     """The commands that measure the sets ``keys`` (:func:`set_key`) again and merge them into
     the tuning file, one per head dims."""
-    by_dims: dict[tuple[int, int] | None, list[str]] = {}
-    for dims in spec.tuned_head_dims or (None,):
-        for layout, state_dtype in spec.served:
-            if set_key(layout, state_dtype, dims, spec) in keys:
-                by_dims.setdefault(dims, []).append(pair_key(layout, state_dtype))
+    by_dims: dict[tuple[int, int] | None, list[str]] = {
+        d: [] for d in spec.tuned_head_dims or (None,)
+    }
+    for layout, state_dtype, dims in spec.tuning_sets():
+        if set_key(layout, state_dtype, dims, spec) in keys:
+            by_dims[dims].append(pair_key(layout, state_dtype))
     commands = []
     for dims, pairs in by_dims.items():
         other = dims not in (None, spec.tuning_head_dims)
         head_dims = f" --head-dims {head_dims_arg(dims)}" if other else ""
-        commands.append(f"gdngen tune {spec_path} --pairs {','.join(pairs)}{head_dims} --merge")
+        if pairs:
+            commands.append(f"gdngen tune {spec_path} --pairs {','.join(pairs)}{head_dims} --merge")
     return "; ".join(commands)
 
 
