@@ -135,9 +135,9 @@ INVALID = [
         ["variants[3]", "threads_per_group * vec must be a head dimension", "8 * 4 = 32"],
     ),
     (
-        "k_512_load_too_wide",  # 32 lanes * 16 bf16: caught as a 32-byte load first
+        "k_512_not_a_head_dim",  # 32 lanes * 16 bf16 (two 16-byte loads a row) = K 512
         _set("variants", UNUSED_KL_BF16, threads_per_group=32, vec=16),
-        ["variants[3]", "8 or 16 bytes", "16 x 2 B = 32 B"],
+        ["variants[3]", "must be a head dimension K", "1 * 32 * 16 = 512"],
     ),
     (
         "no_geometry_with_k",  # 8 lanes * 8 bf16 = K 64: a head dim, but no geometry has it
