@@ -135,9 +135,9 @@ INVALID = [
         ["variants[3]", "threads_per_group * vec must be a head dimension", "8 * 4 = 32"],
     ),
     (
-        "k_512_load_too_wide",  # 32 lanes * 16 bf16: caught as a 32-byte load first
+        "k_512_not_a_head_dim",  # 32 lanes * 16 bf16 (two 16-byte loads a row) = K 512
         _set("variants", UNUSED_KL_BF16, threads_per_group=32, vec=16),
-        ["variants[3]", "8 or 16 bytes", "16 x 2 B = 32 B"],
+        ["variants[3]", "must be a head dimension K", "1 * 32 * 16 = 512"],
     ),
     (
         "no_geometry_with_k",  # 8 lanes * 8 bf16 = K 64: a head dim, but no geometry has it
@@ -163,6 +163,11 @@ INVALID = [
         "load_bytes_bf16_vec2_k_last",
         _set("variants", UNUSED_KL_BF16, vec=2),
         ["variants[3]", "8 or 16 bytes", "vec", "2 x 2 B = 4 B"],
+    ),
+    (
+        "row_loads_bf16_vec32_k_last",  # 64 B of a row: four 16-byte loads
+        _set("variants", UNUSED_KL_BF16, vec=32, threads_per_group=4),
+        ["variants[3]", "at most 2 loads of 16 bytes", "32 x 2 B = 64 B"],
     ),
     (
         "load_bytes_fp32_ilp8_v_last",
@@ -503,6 +508,10 @@ def test_range_shorthand_in_yaml():
 
 K_LAST = dict(layout="k_last", state_dtype="bf16", tile_v=32, ilp=4, vec=8, threads_per_group=16)
 V_LAST = dict(layout="v_last", state_dtype="fp32", tile_v=16, ilp=4, vec=8, threads_per_group=16)
+# 8 fp32 columns of a row a lane: two 16-byte loads (MAX_ROW_LOADS)
+K_LAST_TWO_LOADS = dict(
+    layout="k_last", state_dtype="fp32", tile_v=32, ilp=4, vec=8, threads_per_group=32
+)
 
 
 @pytest.mark.parametrize(
@@ -540,8 +549,23 @@ V_LAST = dict(layout="v_last", state_dtype="fp32", tile_v=16, ilp=4, vec=8, thre
                 state_regs=32,
             ),
         ),
+        (
+            K_LAST_TWO_LOADS,
+            dict(
+                sm90="kl_fp32_tv32_ilp4_vec8_tpg32_sm90",
+                sm100="kl_fp32_tv32_ilp4_vec8_tpg32_sm100",
+                groups=8,
+                threads=256,
+                head_k_dim=256,  # one warp, no K split
+                row_loads=2,
+                load_elems=4,
+                load_bytes=16,
+                loads_per_lane=8,
+                state_regs=32,
+            ),
+        ),
     ],
-    ids=["k_last", "v_last"],
+    ids=["k_last", "v_last", "k_last_two_loads"],
 )
 def test_variant_derived(knobs, expected):
     expected = dict(expected)

@@ -156,6 +156,10 @@ def test_rows_pick_the_fastest_and_split_at_geometric_midpoints(spec):
     ]
     assert all("tuned specs/mini.tuning.yaml T=1 update" in r.source for r in t1)
     assert "B*HV=2048" in t1[1].source and "next " + SMALL_V in t1[1].source
+    # the tuning times the recurrence alone: calls with the gated RMSNorm go to the spec's rules
+    assert all(r.gated_norm is False for r in rules)
+    fused = CallShape("k_last", "bf16", 1, 64, False, (128, 128), gated_norm=True)
+    assert select(rules, fused) is None
 
 
 def _cell(batch: int, times: dict, *retimes: dict, HV: int = 64) -> Cell:
@@ -202,6 +206,37 @@ def test_cells_sharing_a_batch_heads_go_to_the_least_mean_gap_across_them():
     (point,) = verdicts(cells)
     assert point.variant == "a" and point.cells == 2 and point.timings == 2
     assert point.worst_gap == pytest.approx(0.01) and point.mean_gap == pytest.approx(0.005)
+
+
+def test_a_cell_its_point_pick_leaves_over_3_percent_behind_gets_a_rule_for_its_hv(spec):
+    """HV 4 at B 64 and HV 64 at B 4 are both B*HV = 256: the point goes to the variant least
+    behind on average (SMALL_V, 0.5% off at HV 4), but it is 6% off at HV 64, so HV 64 gets
+    LARGE_V in that point's range, before the point's own rule; other HVs (and calls that give
+    no HV) keep the point's pick."""
+    cells = [c for c in _cells() if (c.tokens, c.mode) != (1, "update")]
+    shared = [
+        Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=4, batch=64,
+             times_us={SMALL_V: 10.0, LARGE_V: 30.0}),
+        Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=64, batch=4,
+             times_us={SMALL_V: 10.6, LARGE_V: 10.0}),
+        Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=32, batch=64,
+             times_us={SMALL_V: 30.0, LARGE_V: 20.0}),
+    ]  # fmt: skip
+    rules = _rules(spec, _tuning(spec, cells=cells + shared))
+    t1 = [r for r in rules if _span(r.tokens) == (1, 3) and r.intermediate == "no"]
+    assert [(_span(r.batch_heads), r.heads and _span(r.heads), r.use) for r in t1] == [
+        ((1, 724), (64, 64), LARGE_V),  # the point's range: isqrt(256 * 2048) = 724
+        ((1, 724), None, SMALL_V),
+        ((725, None), None, LARGE_V),
+    ]
+    assert "HV=64 B=4: 10.00 us, where the B*HV=256 pick" in t1[0].source
+    assert "+6.0% off" in t1[0].source
+
+    def pick(heads):
+        shape = CallShape("k_last", "bf16", 1, 256, False, (128, 128), heads=heads)
+        return select(rules, shape).use
+
+    assert (pick(64), pick(4), pick(None)) == (LARGE_V, SMALL_V, SMALL_V)
 
 
 def test_retimes_of_disjoint_contenders_fall_back_to_the_first_timings():
@@ -635,8 +670,9 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     """Each GPU model's tuning file is valid for specs/h200.yaml and measures every served pair,
     and for every measured cell the dispatch table of that model picks a variant whose mean gap
     to the fastest over the cell's timings is within 3% of the least such gap: the target the
-    dispatch is held to. Cells sharing a B*HV (a TP shard's HV=4, B=16 and a full model's HV=64,
-    B=1) are decided together, so one of them may give up a little."""
+    dispatch is held to, at every head dims measured. Cells sharing a B*HV (a TP shard's HV=4,
+    B=16 and a full model's HV=64, B=1) are decided together, and a cell that would give up more
+    than 3% there has a rule for its HV."""
     spec = load_spec(ROOT / "specs" / "h200.yaml")
     model = gpu_model(spec, gpu)
     tuning = load_tuning(ROOT / "specs" / file, spec, gpu=model)
@@ -646,7 +682,7 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
-            head_dims=spec.tuning_head_dims, gpu=gpu,
+            head_dims=cell.head_dims(spec.tuning_head_dims), gpu=gpu, heads=cell.HV,
         )  # fmt: skip
         assert rule.source.startswith(f"tuned specs/{file}"), rule
         mean = {}
@@ -823,3 +859,38 @@ def test_cli_head_dims_must_be_in_the_grid(tmp_path):
     )  # fmt: skip
     assert run.returncode == 2
     assert "--head-dims 256: the grid of specs/mini.yaml measures 128" in run.stderr
+
+
+def test_a_cell_that_does_not_fit_in_the_gpu_is_left_out_and_the_rest_measured(monkeypatch):
+    """On an H100, the verify cell of K = V = 256 fp32 at T = 8, B = 512 (32 GiB of per-token
+    states beside the checks' copies) ran out of memory and took the whole run down with it:
+    now that cell alone is left out, said so, and the run goes on (run without a GPU here)."""
+    import io
+
+    import torch
+
+    from gdngen.tune import run
+
+    spec = load_spec(ROOT / "specs" / "h200.yaml")
+    monkeypatch.setattr(run.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(run, "copy_bandwidth", lambda: 3.0e12)
+    monkeypatch.setattr(run, "environment", lambda: {"versions": {"torch": "x"}})
+
+    def time_variants(target, problem, names, **kwargs):
+        if problem.batch == 512 and problem.cache_steps:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+        return {name: 1.0 + problem.batch + index for index, name in enumerate(names)}
+
+    monkeypatch.setattr(run, "time_variants", time_variants)
+    progress = io.StringIO()
+    measured = run.tune(
+        spec, ["tune"], pairs=[("k_last", "fp32")], tokens=(8,), head_dims=((256, 256),),
+        progress=progress,
+    )  # fmt: skip
+    got = {(c.mode, c.batch) for c in measured.cells}
+    batches = set(spec.tuning.batch)
+    assert got == {("update", b) for b in batches} | {("verify", b) for b in batches - {512}}
+    assert all((c.K, c.V, c.HV, c.tokens) == (256, 256, 32, 8) for c in measured.cells)
+    assert "T=8 verify HV= 32 B= 512: not measured: its inputs and checks do not fit" in (
+        progress.getvalue()
+    )

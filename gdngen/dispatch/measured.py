@@ -9,6 +9,11 @@ fastest variant). If a variant's ranking differs between processes or GPUs of on
 timing is one sample of what a deployment gets, and the mean gap estimates what a pick costs on
 average, where one run alone would crown whichever side it happened to see. T values between
 measured ones use the rules of the nearest measured T below.
+
+Cells of different HV can share a batch*heads (HV 4 at B 64, HV 16 at B 16, HV 64 at B 4: the
+tensor-parallel shards of docs/design.md, "Dispatch"), and there one variant need not suit them
+all. Where the point's pick is more than ``CELL_TOLERANCE`` off a cell's own fastest, a rule for
+that cell's HV alone, placed before the point's rule, gives the cell its own pick.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from typing import Iterable, Protocol, Sequence
 
 from .rules import Range, Rule
 
+#: how far a measured cell's dispatched variant may be off its own fastest (mean gap over the
+#: cell's timings, 0.03 = 3%) before the cell's HV gets a rule of its own
+CELL_TOLERANCE = 0.03
+
 
 class MeasuredCell(Protocol):
     """What the policy reads of a tuning file's cell."""
@@ -28,6 +37,8 @@ class MeasuredCell(Protocol):
     state_dtype: str
     tokens: int
     mode: str
+    HV: int
+    batch: int
     times_us: dict[str, float]
 
     @property
@@ -132,6 +143,56 @@ def _spans(points: list[Verdict]) -> list[tuple[Range, str, list[str]]]:
     return [(Range(lo=lo, hi=hi), variant, evidence) for lo, hi, variant, evidence in spans]
 
 
+def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
+    """Each variant's mean gap to the fastest over the cell's timings (those timed in all; if
+    none is, the first timing alone)."""
+    timings = cell.timings
+    names = set.intersection(*map(set, timings))
+    if not names:
+        timings, names = [cell.times_us], set(cell.times_us)
+    return {
+        name: sum(times[name] / min(times.values()) - 1 for times in timings) / len(timings)
+        for name in names
+    }
+
+
+def point_ranges(points: list[Verdict]) -> list[Range]:
+    """The batch*heads range each measured point decides: to the geometric midpoints between it
+    and its neighbours (as :func:`_spans` splits them)."""
+    marks = [p.batch_heads for p in points]
+    return [
+        Range(
+            lo=1 if i == 0 else math.isqrt(marks[i - 1] * mark) + 1,
+            hi=None if i + 1 == len(marks) else math.isqrt(mark * marks[i + 1]),
+        )
+        for i, mark in enumerate(marks)
+    ]
+
+
+def head_exceptions(
+    cells: Sequence[MeasuredCell], points: list[Verdict]
+) -> list[tuple[int, Range, str, str]]:
+    """(HV, batch*heads range, variant, evidence) for each cell whose point's pick is more than
+    ``CELL_TOLERANCE`` off its own fastest: that HV gets its own pick there."""
+    exceptions = []
+    for point, span in zip(points, point_ranges(points)):
+        if point.cells < 2:
+            continue  # a lone cell's point is its own pick
+        for cell in sorted(
+            (c for c in cells if c.batch_heads == point.batch_heads), key=lambda c: c.HV
+        ):
+            gaps = cell_gaps(cell)
+            own = min(gaps, key=lambda name: (gaps[name], name))
+            off = gaps.get(point.variant, math.inf) - gaps[own]
+            if off > CELL_TOLERANCE:
+                evidence = (
+                    f"HV={cell.HV} B={cell.batch}: {cell.times_us[own]:.2f} us, where the "
+                    f"B*HV={point.batch_heads} pick {point.variant} is {off:+.1%} off"
+                )
+                exceptions.append((cell.HV, span, own, evidence))
+    return exceptions
+
+
 def measured_rules(
     cells: Sequence[MeasuredCell],
     pairs: Iterable[tuple[str, str]],
@@ -141,7 +202,9 @@ def measured_rules(
 ) -> list[Rule]:
     """Rules for the (layout, dtype) ``pairs`` from their measured cells, each citing ``cite``
     (the tuning file) and the evidence of its points, and each for the ``head_dims`` (K, V) the
-    cells were measured at: a ranking at one K says nothing of another. A pair with verify cells
+    cells were measured at: a ranking at one K says nothing of another. They serve calls without
+    the gated RMSNorm epilogue only: the tuning times the recurrence alone, and the fastest
+    recurrence need not have the epilogue; the spec's rules route the fused calls. A pair with verify cells
     gets separate rules for calls with intermediate states ("yes") and without ("no");
     otherwise "any"."""
     groups: dict[tuple, list[MeasuredCell]] = defaultdict(list)
@@ -164,13 +227,24 @@ def measured_rules(
                     lo=1 if index == 0 else tokens,
                     hi=max_tokens if last else measured_tokens[index + 1] - 1,
                 )
-                points = verdicts(groups[(layout, state_dtype, mode, tokens)])
+                group = groups[(layout, state_dtype, mode, tokens)]
+                points = verdicts(group)
+                for heads, batch_heads, variant, evidence in head_exceptions(group, points):
+                    rules.append(
+                        Rule(
+                            layout=layout, state_dtype=state_dtype, tokens=token_range,
+                            batch_heads=batch_heads, intermediate=intermediate,
+                            head_dims=head_dims, gated_norm=False, heads=Range(lo=heads, hi=heads),
+                            use=variant,
+                            source=f"tuned {cite} T={tokens} {mode}: " + evidence,
+                        )  # fmt: skip
+                    )
                 for batch_heads, variant, evidence in _spans(points):
                     rules.append(
                         Rule(
                             layout=layout, state_dtype=state_dtype, tokens=token_range,
                             batch_heads=batch_heads, intermediate=intermediate,
-                            head_dims=head_dims, use=variant,
+                            head_dims=head_dims, gated_norm=False, use=variant,
                             source=f"tuned {cite} T={tokens} {mode}: " + "; ".join(evidence),
                         )  # fmt: skip
                     )

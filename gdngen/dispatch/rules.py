@@ -64,6 +64,8 @@ class CallShape:
     gated_norm: bool = False
     #: whether the call fuses the conv1d prologue (then gated_norm is true as well)
     conv1d: bool = False
+    #: the geometry's value heads (HV); None where unknown, and then only rules for any HV serve
+    heads: int | None = None
 
     def describe(self) -> str:
         return (
@@ -72,6 +74,7 @@ class CallShape:
             f"head_dims=K{self.head_dims[0]}xV{self.head_dims[1]}"
             + (" gated_norm=yes" if self.gated_norm else "")
             + (" conv1d=yes" if self.conv1d else "")
+            + (f" HV={self.heads}" if self.heads is not None else "")
         )
 
 
@@ -102,6 +105,9 @@ class Rule(_Strict):
     #: whether the rule is for calls with the conv1d prologue (true), without (false), or both
     #: (None); such calls also have ``gated_norm`` (their kernels are the same)
     conv1d: bool | None = None
+    #: the value heads (HV) the rule is for; None: any. Measured rules name them only where cells
+    #: of one batch*heads but different HV want different variants (gdngen.dispatch.measured)
+    heads: Range | None = None
     use: str
     source: str = ""
 
@@ -115,6 +121,9 @@ class Rule(_Strict):
             and self.head_dims in (None, shape.head_dims)
             and self.gated_norm in (None, shape.gated_norm)
             and self.conv1d in (None, shape.conv1d)
+            and (
+                self.heads is None or (shape.heads is not None and self.heads.contains(shape.heads))
+            )
         )
 
 
@@ -124,6 +133,13 @@ def select(rules: Iterable[Rule], shape: CallShape) -> Rule | None:
         if rule.serves(shape):
             return rule
     return None
+
+
+def heads_points(rules: Iterable[Rule]) -> list[int]:
+    """The HVs where a rule for some value heads starts or ends: between them (and for a call of
+    unknown HV) the rules that name no HV decide."""
+    named = [r.heads for r in rules if r.heads is not None]
+    return sorted({h.lo for h in named} | {h.hi + 1 for h in named if h.hi is not None})
 
 
 def boundary_shapes(
@@ -136,12 +152,14 @@ def boundary_shapes(
     """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
     pair and head dims, T in 1..max_tokens, with and without intermediate states, with each of
     ``fusions`` ((gated_norm, conv1d) pairs), at each batch*heads where some rule starts or
-    ends (between those points the choice cannot change)."""
+    ends (between those points the choice cannot change), for any HV and at each HV where a rule
+    for some HV starts or ends."""
     starts = sorted(
         {1}
         | {r.batch_heads.lo for r in rules}
         | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
     )
+    heads = [None, *heads_points(rules)]
     dims = list(head_dims)
     fusions = list(fusions)
     for layout, state_dtype in pairs:
@@ -150,16 +168,11 @@ def boundary_shapes(
                 for tokens in range(1, max_tokens + 1):
                     for intermediate in (False, True):
                         for batch_heads in starts:
-                            yield CallShape(
-                                layout,
-                                state_dtype,
-                                tokens,
-                                batch_heads,
-                                intermediate,
-                                head,
-                                norm,
-                                conv,
-                            )
+                            for hv in heads:
+                                yield CallShape(
+                                    layout, state_dtype, tokens, batch_heads, intermediate, head,
+                                    norm, conv, hv,
+                                )  # fmt: skip
 
 
 def coverage_gap(

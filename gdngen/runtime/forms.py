@@ -19,9 +19,10 @@ def reachable_variants(
     tokens: int,
     intermediate: bool,
     head_dims: tuple[int, int],
+    heads: int | None = None,
 ) -> list[str]:
     """Every variant the first-match dispatch picks for some batch*heads at these head dims
-    (K, V), in table order. The
+    (K, V) and value heads (None: rules for any HV only), in table order. The
     choice only changes where a rule's batch*heads range starts or ends, so those points (tried
     with the one selector) find them all."""
     points = sorted(
@@ -31,7 +32,9 @@ def reachable_variants(
     )
     found: dict[str, None] = {}
     for batch_heads in points:
-        shape = CallShape(layout, state_dtype, tokens, batch_heads, intermediate, head_dims)
+        shape = CallShape(
+            layout, state_dtype, tokens, batch_heads, intermediate, head_dims, heads=heads
+        )
         rule = select(table, shape)
         if rule is not None:
             found[rule.use] = None
@@ -115,7 +118,7 @@ def compile_keys(
                         intermediate = form.stores_token_states
                         for variant in reachable_variants(
                             table, layout, state_dtype, tokens, intermediate,
-                            (geometry.K, geometry.V),
+                            (geometry.K, geometry.V), geometry.HV,
                         ):  # fmt: skip
                             keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
     return list(keys)

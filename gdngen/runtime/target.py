@@ -128,10 +128,11 @@ class Target:
         gpu: str | None = None,
         gated_norm: bool = False,
         conv1d: bool = False,
+        heads: int | None = None,
     ) -> Rule:
         """The dispatch rule that serves a call of this shape (``head_dims``: the geometry's
         (K, V); ``gated_norm``: with the gated RMSNorm epilogue, ``conv1d``: with the conv1d
-        prologue as well) on ``gpu`` (a device name; None:
+        prologue as well; ``heads``: its value heads HV, None for the rules of any HV) on ``gpu`` (a device name; None:
         the current CUDA device's, or the default table without one); LookupError if none does."""
         if gpu is None and torch.cuda.is_available():
             table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
@@ -139,7 +140,7 @@ class Target:
             table = self.table if gpu is None else self.table_for(gpu).table
         shape = CallShape(
             layout, state_dtype, tokens, batch_heads, intermediate, tuple(head_dims),
-            gated_norm, conv1d,
+            gated_norm, conv1d, heads,
         )  # fmt: skip
         return self._rule(table, shape)
 
@@ -154,7 +155,7 @@ class Target:
     def _choose(self, call: Call) -> str:
         shape = CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads,
-            call.stores_token_states, (call.K, call.V), call.fused, call.conv is not None,
+            call.stores_token_states, (call.K, call.V), call.fused, call.conv is not None, call.HV,
         )  # fmt: skip
         return self._rule(self._device_table(call.pool.device), shape).use
 

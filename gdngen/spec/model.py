@@ -33,6 +33,9 @@ STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 HEAD_DIMS = (64, 128, 256)
 #: width of one vector load or store, in bytes, that a lane may issue
 LOAD_BYTES = (8, 16)
+#: vector loads a K-last lane may spend on its vec columns of one row: two 16-byte loads let a
+#: warp cover a 256-column fp32 row, the widest head dim, without splitting K over warps
+MAX_ROW_LOADS = 2
 MAX_THREADS_PER_CTA = 1024
 #: fp32 registers a lane may spend on its state tile
 MAX_STATE_REGS = 128
@@ -172,9 +175,17 @@ class Variant(_Strict):
         return self.head_k_dim == K and V % self.tile_v == 0
 
     @property
+    def row_loads(self) -> int:
+        """Vector loads a lane spends on its part of one state row: K-last, its vec columns, in
+        loads of at most 16 bytes; V-last, one (a load covers ilp rows of one column)."""
+        if self.layout == "v_last":
+            return 1
+        return max(1, self.vec * self.state_bytes // max(LOAD_BYTES))
+
+    @property
     def load_elems(self) -> int:
         """Elements in one vector load or store of state (along the contiguous dimension)."""
-        return self.vec if self.layout == "k_last" else self.ilp
+        return self.vec // self.row_loads if self.layout == "k_last" else self.ilp
 
     @property
     def load_bytes(self) -> int:
@@ -210,7 +221,7 @@ class Variant(_Strict):
     @property
     def loads_per_lane(self) -> int:
         """Independent state loads a lane has in flight."""
-        return self.ilp if self.layout == "k_last" else self.vec
+        return self.ilp * self.row_loads if self.layout == "k_last" else self.vec
 
     @property
     def groups(self) -> int:
@@ -283,6 +294,12 @@ class Variant(_Strict):
         if self.ilp & (self.ilp - 1) or self.vec & (self.vec - 1):
             raise ValueError(
                 f"ilp and vec must be powers of two; got ilp={self.ilp}, vec={self.vec}"
+            )
+        if self.row_loads > MAX_ROW_LOADS:
+            raise ValueError(
+                f"a K-last lane loads its vec columns of a row in at most {MAX_ROW_LOADS} loads of "
+                f"{max(LOAD_BYTES)} bytes; vec gives {self.vec} x {self.state_bytes} B = "
+                f"{self.vec * self.state_bytes} B"
             )
         if self.load_bytes not in LOAD_BYTES:
             along = (

@@ -5,7 +5,7 @@ dispatch table picks is from the fastest variant timed in that cell (mean gap ov
 timings, as tests/test_tuning.py measures it). "Old" is the table emit derives from the tuning
 file at OLD_REV (HV 32 and 64 only), "new" the one it derives from the working tree's file; both
 are rebuilt with gdngen.dispatch.measured_rules, the code emit uses. The new picks are checked
-against the emitted generated/h200 dispatch.
+against the emitted generated/h200 dispatch. Cells of the base head dims (K = V = 128) only.
 
 usage (repo root): .venv/bin/python docs/perf/raw/h200-tp-tune/old_vs_new.py [OLD_REV [FILE GPU]]
   OLD_REV: the commit whose tuning file is "old" (default d387eb3, before the merge)
@@ -31,10 +31,9 @@ GPU = sys.argv[3] if len(sys.argv) > 3 else "H200"
 def rules_of(path: Path, spec, name: str):
     measured = load_tuning(path, spec, name, gpu=GPU)
     assert not measured.stale, measured.stale
-    pairs = sorted({(c.layout, c.state_dtype) for c in measured.cells})
-    return measured, measured_rules(
-        measured.cells, pairs, spec.features.max_tokens, name, spec.tuning_head_dims
-    )
+    cells = [c for c in measured.cells if c.K is None]
+    pairs = sorted({(c.layout, c.state_dtype) for c in cells})
+    return cells, measured_rules(cells, pairs, spec.features.max_tokens, name, spec.tuning_head_dims)
 
 
 def key(cell):
@@ -45,7 +44,7 @@ def gap(cell, rules, spec) -> float:
     """The picked variant's mean gap to the fastest, over the cell's timings."""
     shape = CallShape(
         cell.layout, cell.state_dtype, cell.tokens, cell.batch_heads,
-        cell.mode == "verify", spec.tuning_head_dims,
+        cell.mode == "verify", spec.tuning_head_dims, heads=cell.HV,
     )  # fmt: skip
     use = select(rules, shape).use
     gaps = [times[use] / min(times.values()) - 1 for times in cell.timings]
@@ -66,15 +65,15 @@ def main() -> None:
 
     import generated.h200 as emitted  # the committed table must agree with the rebuilt one
 
-    old_keys = {key(c) for c in old.cells}
+    old_keys = {key(c) for c in old}
     groups = defaultdict(list)
     all_new_off, worst_all, off_cells = 0, (0.0, None), []
-    for cell in new.cells:
+    for cell in new:
         g_new, use = gap(cell, new_rules, spec)
         picked = emitted.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
-            head_dims=spec.tuning_head_dims, gpu=GPU,
+            head_dims=spec.tuning_head_dims, gpu=GPU, heads=cell.HV,
         ).use  # fmt: skip
         assert picked == use, (key(cell), picked, use)
         best = min(min(times.values()) for times in cell.timings)
@@ -119,7 +118,7 @@ def main() -> None:
     print(f"new cells: {totals[0]}; old table > 3% off in {totals[1]}, new table in {totals[2]}")
     print(f"old worst: {worst_old[0]:+.1%} at {worst_old[1]}")
     print(
-        f"all {len(new.cells)} cells of the file: new table > 3% off in {all_new_off}; "
+        f"all {len(new)} K = 128 cells of the file: new table > 3% off in {all_new_off}; "
         f"worst {worst_all[0]:+.1%} at {worst_all[1]}"
     )
     for line in off_cells:
