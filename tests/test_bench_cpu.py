@@ -4,7 +4,7 @@ argument errors, and the dispatch columns of its report."""
 import json
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -335,3 +335,54 @@ def test_core_bench_forms_and_report():
     assert "| 1.50 | 1.250 |" in text and "| 0.50 | 1.250 |" in text
     assert "| 5.00 | - | 8.00 |" in text  # FlashInfer skipped the second cell
     assert "geometric mean 0.87x over 2 cells" in text
+
+
+def test_a_stopped_bench_writes_the_tables_of_the_cells_it_finished(tmp_path, monkeypatch):
+    """`timeout` (SIGTERM) or Ctrl-C during a long bench: the tables and the record hold the
+    cells finished before it, say that the run stopped and where, and the exit code says so
+    (run without a GPU: the measuring is faked, the CLI path is real)."""
+    import argparse
+    import os
+    import signal
+
+    import torch
+
+    import gdngen.bench.run as bench_run
+    import gdngen.measure.environment as environment
+    import gdngen.measure.timing as timing
+    from gdngen.bench import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(timing, "copy_bandwidth", lambda: 4.2e12)
+    monkeypatch.setattr(environment, "environment", lambda: {**META, "gpu": "NVIDIA H200"})
+
+    def run_grid(problems, target, copy_bw, *, jsonl, **kwargs):
+        for problem in problems[:2]:
+            cell = [
+                _result("gdngen", 10.0 + problem.batch, "kl_bf16_x", HV=problem.HV,
+                        batch=problem.batch),
+                _result("fla", 12.0 + problem.batch, HV=problem.HV, batch=problem.batch),
+            ]  # fmt: skip
+            jsonl.write("".join(json.dumps(asdict(r)) + "\n" for r in cell))
+            jsonl.flush()
+        os.kill(os.getpid(), signal.SIGTERM)  # what `timeout` sends
+        raise AssertionError("the signal stops the run before this")
+
+    monkeypatch.setattr(bench_run, "run_grid", run_grid)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    out = tmp_path / "b"
+    args = parser.parse_args(
+        ["--layout", "k_last", "--state-dtype", "bf16", "--hv", "64", "--batch", "1,16,512",
+         "--peers", "none", "--out", str(out)]
+    )  # fmt: skip
+    assert cli.run(args, ["bench"]) == 1
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["meta"]["stopped"] == "stopped after 2 of 3 cells"
+    assert sorted({r["batch"] for r in record["results"]}) == [1, 16]
+    table = out.with_suffix(".md").read_text()
+    assert "**Incomplete:** the run was stopped after 2 of 3 cells." in table
+    assert "| 64 | 16 | 26.00" in table and "| 64 | 512 |" not in table
+    assert not out.with_suffix(".jsonl").exists()

@@ -6,6 +6,7 @@ import argparse
 import datetime
 import importlib
 import shlex
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     from gdngen.measure.timing import copy_bandwidth
 
     from .report import dump_record, markdown
-    from .run import grid, run_grid
+    from .run import grid, read_records, run_grid
 
     gpu_turn = gpu_turns(args.gpu_lock)
 
@@ -182,12 +183,26 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         jsonl = open(f"{args.out}.jsonl", "w")
+    # A run stopped by `timeout`, a job limit or Ctrl-C still writes the tables of the cells it
+    # finished (the .jsonl holds each cell once it is complete).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         results = run_grid(
             problems, args.target, copy_bw, variants_for=variants_for, peers=peers, jsonl=jsonl,
             replays=args.replays, gpu_turn=gpu_turn,
         )  # fmt: skip
+    except KeyboardInterrupt:
+        if jsonl is None:
+            raise
+        jsonl.close()
+        results = read_records(f"{args.out}.jsonl")
+        done = len(
+            {(r.layout, r.state_dtype, r.mode, r.tokens, r.HV, r.batch, r.K) for r in results}
+        )
+        meta["stopped"] = f"stopped after {done} of {len(problems)} cells"
+        print(f"gdngen bench: {meta['stopped']}; writing their tables", file=sys.stderr)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if jsonl is not None:
             jsonl.close()
     table = markdown(results, meta)
@@ -197,4 +212,8 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
         Path(f"{args.out}.json").write_text(dump_record(record))
         Path(f"{args.out}.md").write_text(table + "\n")
         Path(f"{args.out}.jsonl").unlink(missing_ok=True)
-    return 0
+    return 1 if "stopped" in meta else 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -87,7 +87,8 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
     lines = [
         f"GPU: {meta['gpu']} ({meta['sm']}), copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s "
         f"(1 GiB device-to-device copy, read + write).",
-        f"Date: {meta['date']}. Command: `{meta['command']}`.",
+        f"Date: {meta['date']}. Command: `{meta['command']}`."
+        + (f" **Incomplete:** the run was {meta['stopped']}." if meta.get("stopped") else ""),
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v) + ".",
         "",
         "Each cell: microseconds per call (percent of copy bandwidth for the bytes the call must "

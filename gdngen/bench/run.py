@@ -129,6 +129,12 @@ def measure_side_by_side(
     return results
 
 
+def read_records(path) -> list[Result]:
+    """The results a run wrote to its ``.jsonl`` (cell by cell, each cell once it is complete)."""
+    with open(path) as handle:
+        return [Result(**json.loads(line)) for line in handle if line.strip()]
+
+
 def run_grid(
     problems: Iterable[Problem],
     target: str,
@@ -156,11 +162,11 @@ def run_grid(
             cell += measure_side_by_side(
                 [peer], problem, copy_bw, replays=replays, gpu_turn=gpu_turn
             )
+        results += cell
+        if jsonl is not None:  # one write a cell: a stopped run's file holds whole cells
+            jsonl.write("".join(json.dumps(asdict(result)) + "\n" for result in cell))
+            jsonl.flush()
         for result in cell:
-            results.append(result)
-            if jsonl is not None:
-                jsonl.write(json.dumps(asdict(result)) + "\n")
-                jsonl.flush()
             shown = (
                 f"{result.us:9.2f} us {100 * result.sol:5.1f}% SOL"
                 if result.us is not None
