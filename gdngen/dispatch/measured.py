@@ -204,9 +204,9 @@ def measured_rules(
     (the tuning file) and the evidence of its points, and each for the ``head_dims`` (K, V) the
     cells were measured at: a ranking at one K says nothing of another. They serve calls without
     the gated RMSNorm epilogue only: the tuning times the recurrence alone, and the fastest
-    recurrence need not have the epilogue; the spec's rules route the fused calls. A pair with verify cells
-    gets separate rules for calls with intermediate states ("yes") and without ("no");
-    otherwise "any"."""
+    recurrence need not have the epilogue; the spec's rules route the fused calls. A pair with
+    verify cells gets separate rules for calls with intermediate states ("yes") and without
+    ("no"); otherwise "any"."""
     groups: dict[tuple, list[MeasuredCell]] = defaultdict(list)
     for cell in cells:
         groups[(cell.layout, cell.state_dtype, cell.mode, cell.tokens)].append(cell)

@@ -132,8 +132,9 @@ class Target:
     ) -> Rule:
         """The dispatch rule that serves a call of this shape (``head_dims``: the geometry's
         (K, V); ``gated_norm``: with the gated RMSNorm epilogue, ``conv1d``: with the conv1d
-        prologue as well; ``heads``: its value heads HV, None for the rules of any HV) on ``gpu`` (a device name; None:
-        the current CUDA device's, or the default table without one); LookupError if none does."""
+        prologue as well; ``heads``: its value heads HV, None for the rules of any HV) on ``gpu``
+        (a device name; None: the current CUDA device's, or the default table without one);
+        LookupError if none does."""
         if gpu is None and torch.cuda.is_available():
             table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
         else:
