@@ -83,6 +83,18 @@ class Verdict:
         )
 
 
+def _comparable(cells: Sequence[MeasuredCell]) -> tuple[list[dict[str, float]], set[str]]:
+    """The timings of ``cells`` that rank their variants, and the variants timed in all of them:
+    every timing, if some variant is in each (a --retime run times a cell's contenders only);
+    else the first timings alone."""
+    timings = [times for cell in cells for times in cell.timings]
+    names = set.intersection(*map(set, timings))
+    if not names:
+        timings = [cell.times_us for cell in cells]
+        names = set.intersection(*map(set, timings))
+    return timings, names
+
+
 def verdicts(cells: Iterable[MeasuredCell]) -> list[Verdict]:
     """Per measured B*HV, the variant whose mean gap to the fastest is least over every timing of
     the cells there (ties: least worst gap, then least summed first-timing time, then name).
@@ -96,11 +108,7 @@ def verdicts(cells: Iterable[MeasuredCell]) -> list[Verdict]:
     points = []
     for batch_heads in sorted(by_point):
         at_point = by_point[batch_heads]
-        timings = [times for cell in at_point for times in cell.timings]
-        names = set.intersection(*map(set, timings))
-        if not names:
-            timings = [cell.times_us for cell in at_point]
-            names = set.intersection(*map(set, timings))
+        timings, names = _comparable(at_point)
         fastest = [min(times.values()) for times in timings]
 
         def score(name: str) -> tuple[float, float, float, str]:
@@ -124,41 +132,9 @@ def verdicts(cells: Iterable[MeasuredCell]) -> list[Verdict]:
     return points
 
 
-def _spans(points: list[Verdict]) -> list[tuple[Range, str, list[str]]]:
-    """Consecutive points won by the same variant merged into one batch*heads range each; a range
-    ends at the geometric midpoint between its last point and the next range's first."""
-    spans: list[list] = []  # [lo, hi, variant, evidence]
-    for position, point in enumerate(points):
-        lo = (
-            1
-            if position == 0
-            else math.isqrt(points[position - 1].batch_heads * point.batch_heads) + 1
-        )
-        if spans and spans[-1][2] == point.variant:
-            spans[-1][3].append(point.evidence())
-            continue
-        if spans:
-            spans[-1][1] = lo - 1
-        spans.append([lo, None, point.variant, [point.evidence()]])
-    return [(Range(lo=lo, hi=hi), variant, evidence) for lo, hi, variant, evidence in spans]
-
-
-def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
-    """Each variant's mean gap to the fastest over the cell's timings (those timed in all; if
-    none is, the first timing alone)."""
-    timings = cell.timings
-    names = set.intersection(*map(set, timings))
-    if not names:
-        timings, names = [cell.times_us], set(cell.times_us)
-    return {
-        name: sum(times[name] / min(times.values()) - 1 for times in timings) / len(timings)
-        for name in names
-    }
-
-
 def point_ranges(points: list[Verdict]) -> list[Range]:
-    """The batch*heads range each measured point decides: to the geometric midpoints between it
-    and its neighbours (as :func:`_spans` splits them)."""
+    """The batch*heads range each measured point decides: to the integer geometric midpoints
+    between it and its neighbours; the first from 1, the last unbounded."""
     marks = [p.batch_heads for p in points]
     return [
         Range(
@@ -167,6 +143,28 @@ def point_ranges(points: list[Verdict]) -> list[Range]:
         )
         for i, mark in enumerate(marks)
     ]
+
+
+def _spans(points: list[Verdict]) -> list[tuple[Range, str, list[str]]]:
+    """Consecutive points won by the same variant merged into one batch*heads range each (the
+    ranges of :func:`point_ranges`, joined)."""
+    spans: list[list] = []  # [lo, hi, variant, evidence]
+    for point, decided in zip(points, point_ranges(points)):
+        if spans and spans[-1][2] == point.variant:
+            spans[-1][1] = decided.hi
+            spans[-1][3].append(point.evidence())
+            continue
+        spans.append([decided.lo, decided.hi, point.variant, [point.evidence()]])
+    return [(Range(lo=lo, hi=hi), variant, evidence) for lo, hi, variant, evidence in spans]
+
+
+def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
+    """Each variant's mean gap to the fastest over the cell's timings (see :func:`_comparable`)."""
+    timings, names = _comparable([cell])
+    return {
+        name: sum(times[name] / min(times.values()) - 1 for times in timings) / len(timings)
+        for name in names
+    }
 
 
 def head_exceptions(
