@@ -4,6 +4,7 @@ argument errors, and the dispatch columns of its report."""
 import json
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 
 import pytest
@@ -386,3 +387,26 @@ def test_a_stopped_bench_writes_the_tables_of_the_cells_it_finished(tmp_path, mo
     assert "**Incomplete:** the run was stopped after 2 of 3 cells." in table
     assert "| 64 | 16 | 26.00" in table and "| 64 | 512 |" not in table
     assert not out.with_suffix(".jsonl").exists()
+
+
+def test_a_cell_no_implementation_serves_draws_no_inputs_and_takes_no_gpu_turn(monkeypatch):
+    """A peer without the cell's mode (FLA in verify, FlashInfer's V-last at T > 1) is n/a
+    before any input set is drawn: a grid of such cells spends no GPU time on them."""
+    from gdngen.bench import run as bench_run
+    from gdngen.measure.impls import Impl
+
+    class Without(Impl):
+        name = "without"
+
+        def supports(self, problem):
+            return "no such mode"
+
+    def no_inputs(*args, **kwargs):
+        raise AssertionError("inputs were drawn for a cell nobody serves")
+
+    monkeypatch.setattr(Problem, "make", no_inputs)
+    turns = []
+    cell = bench_run.measure_side_by_side(
+        [Without()], _problem(), 1e12, gpu_turn=lambda: turns.append(1) or nullcontext()
+    )
+    assert [r.status for r in cell] == ["n/a: no such mode"] and turns == []

@@ -91,16 +91,22 @@ def measure_side_by_side(
     results = [_result(impl, problem, ran) for impl in impls]
     runs: dict[str, list] = {}
     inputs = bound = None
+    supported = []
+    for index, (impl, result) in enumerate(zip(impls, results)):
+        reason = impl.supports(ran)
+        if reason is None:
+            supported.append(index)
+        else:
+            result.status = f"n/a: {reason}"
+    if not supported:  # e.g. a peer without this mode: no inputs drawn, no GPU turn taken
+        return results
     try:
         sets = rotating_sets(ran.moved_bytes())
         with gpu_turn():
             inputs = [ran.with_(seed=seed).make("cuda") for seed in range(sets)]
         bound = {}
-        for index, (impl, result) in enumerate(zip(impls, results)):
-            reason = impl.supports(ran)
-            if reason is not None:
-                result.status = f"n/a: {reason}"
-                continue
+        for index in supported:
+            impl, result = impls[index], results[index]
             result.sets = sets
             try:
                 bound[index] = [impl.bind(ran, args) for args in inputs]
