@@ -344,6 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cli.add_arguments(p_bench)
     p_bench.set_defaults(func=lambda args: bench_cli.run(args, sys.argv[1:]))
 
+    p_tables = sub.add_parser(
+        "bench-tables",
+        help="the markdown tables of bench records: a run's .json, or the .jsonl of a run that "
+        "ended before writing it (no GPU)",
+    )
+    p_tables.add_argument("records", nargs="+", metavar="RECORD", help="OUT.json or OUT.jsonl")
+    p_tables.add_argument("--out", help="also write OUT.json and OUT.md of the records together")
+    p_tables.set_defaults(func=lambda args: bench_cli.tables(args.records, args.out))
+
     p_tune = sub.add_parser(
         "tune", help="time every candidate variant per dispatch cell; write SPEC.tuning.yaml (GPU)"
     )

@@ -410,3 +410,40 @@ def test_a_cell_no_implementation_serves_draws_no_inputs_and_takes_no_gpu_turn(m
         [Without()], _problem(), 1e12, gpu_turn=lambda: turns.append(1) or nullcontext()
     )
     assert [r.status for r in cell] == ["n/a: no such mode"] and turns == []
+
+
+def test_the_records_of_a_killed_bench_render_with_its_metadata(tmp_path, capsys):
+    """A run killed outright (SIGKILL, its machine taken back) writes no tables: its .jsonl,
+    metadata first and then whole cells, renders on its own with `gdngen bench-tables`."""
+    from gdngen.bench.run import write_meta_line
+    from gdngen.cli import main
+
+    records = tmp_path / "run.jsonl"
+    with open(records, "w") as jsonl:
+        write_meta_line(jsonl, {**META, "cells": 3})
+        for batch in (1, 16):
+            cell = [_result("gdngen", 10.0 + batch, "kl_bf16_x", HV=64, batch=batch)]
+            jsonl.write("".join(json.dumps(asdict(r)) + "\n" for r in cell))
+    assert main(["bench-tables", str(records), "--out", str(tmp_path / "tables")]) == 0
+    table = (tmp_path / "tables.md").read_text()
+    assert "**Incomplete:** the run was stopped after 2 of 3 cells." in table
+    assert "Command: `gdngen bench`" in table and "| 64 | 16 | 26.00" in table
+    record = json.loads((tmp_path / "tables.json").read_text())
+    assert len(record["results"]) == 2 and record["meta"]["gpu"] == "GPU"
+    assert capsys.readouterr().out.startswith(table[:40])
+
+
+@pytest.mark.parametrize(
+    "name,text,message",
+    [
+        ("run.csv", "", "expected a .json or .jsonl bench record"),
+        ("old.jsonl", json.dumps(asdict(_result("gdngen", 1.0, "v"))) + "\n", "metadata"),
+    ],
+)
+def test_bench_tables_refuses_what_it_cannot_render(tmp_path, capsys, name, text, message):
+    from gdngen.cli import main
+
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["bench-tables", str(path)]) == 2
+    assert message in capsys.readouterr().err

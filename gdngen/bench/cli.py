@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import json
 import shlex
 import signal
 import sys
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
     from gdngen.measure.timing import copy_bandwidth
 
     from .report import dump_record, markdown
-    from .run import grid, read_records, run_grid
+    from .run import grid, read_records, run_grid, stopped_note, write_meta_line
 
     gpu_turn = gpu_turns(args.gpu_lock)
 
@@ -179,10 +180,12 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
         tokens=args.tokens, batches=args.batch, heads=args.hv, layouts=args.layout,
         state_dtypes=args.state_dtype, modes=args.mode, H=args.qk_heads, head_dims=args.head_dim,
     )  # fmt: skip
+    meta["cells"] = len(problems)
     jsonl = None
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         jsonl = open(f"{args.out}.jsonl", "w")
+        write_meta_line(jsonl, meta)
     # A run stopped by `timeout`, a job limit or Ctrl-C still writes the tables of the cells it
     # finished (the .jsonl holds each cell once it is complete).
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -196,10 +199,7 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
             raise
         jsonl.close()
         results = read_records(f"{args.out}.jsonl")
-        done = len(
-            {(r.layout, r.state_dtype, r.mode, r.tokens, r.HV, r.batch, r.K) for r in results}
-        )
-        meta["stopped"] = f"stopped after {done} of {len(problems)} cells"
+        meta["stopped"] = stopped_note(results, len(problems))
         print(f"gdngen bench: {meta['stopped']}; writing their tables", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -213,6 +213,49 @@ def run(args: argparse.Namespace, argv_for_record: list[str]) -> int:
         Path(f"{args.out}.md").write_text(table + "\n")
         Path(f"{args.out}.jsonl").unlink(missing_ok=True)
     return 1 if "stopped" in meta else 0
+
+
+def tables(paths: list[str], out: str | None) -> int:
+    """`gdngen bench-tables`: the markdown tables of bench records, from the ``.json`` of a
+    finished run or the ``.jsonl`` of one that ended before writing it (stopped, killed, or its
+    machine taken back); with ``out``, also OUT.json and OUT.md of the records together."""
+    from .report import dump_record, markdown
+    from .run import Result, read_record_file, stopped_note
+
+    meta: dict = {}
+    results: list[Result] = []
+    for path in paths:
+        if path.endswith(".jsonl"):
+            file_meta, file_results = read_record_file(path)
+            if file_meta:  # a .jsonl that is still there is the record of a run that ended early
+                file_meta.setdefault("stopped", stopped_note(file_results, file_meta.get("cells")))
+        elif path.endswith(".json"):
+            record = json.loads(Path(path).read_text())
+            file_meta, file_results = record["meta"], [Result(**r) for r in record["results"]]
+        else:
+            print(
+                f"gdngen bench-tables: {path}: expected a .json or .jsonl bench record",
+                file=sys.stderr,
+            )
+            return 2
+        meta = meta or file_meta
+        results += file_results
+    if not meta:
+        print(
+            "gdngen bench-tables: none of the records has its run's metadata (GPU, versions, "
+            "command); a bench run writes it on the first line of its .jsonl, runs before "
+            "2026-11-25 did not",
+            file=sys.stderr,
+        )
+        return 2
+    table = markdown(results, meta)
+    print(table)
+    if out:
+        Path(f"{out}.json").write_text(
+            dump_record({"meta": meta, "results": [asdict(r) for r in results]})
+        )
+        Path(f"{out}.md").write_text(table + "\n")
+    return 0
 
 
 def _interrupt(signum, frame) -> None:

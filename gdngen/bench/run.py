@@ -135,10 +135,39 @@ def measure_side_by_side(
     return results
 
 
-def read_records(path) -> list[Result]:
-    """The results a run wrote to its ``.jsonl`` (cell by cell, each cell once it is complete)."""
+def write_meta_line(jsonl: TextIO, meta: dict) -> None:
+    """The first line of a run's ``.jsonl``: its metadata (GPU, versions, command, planned cells),
+    so the file alone can be rendered however the run ended (see ``read_record_file``)."""
+    jsonl.write(json.dumps({"meta": meta}) + "\n")
+    jsonl.flush()
+
+
+def read_record_file(path) -> tuple[dict, list[Result]]:
+    """The metadata and results of a run's ``.jsonl`` (written cell by cell, each cell once it is
+    complete); the metadata is empty in a file written before it was kept."""
+    meta: dict = {}
+    results = []
     with open(path) as handle:
-        return [Result(**json.loads(line)) for line in handle if line.strip()]
+        for line in handle:
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            if "meta" in entry:
+                meta = entry["meta"]
+            else:
+                results.append(Result(**entry))
+    return meta, results
+
+
+def read_records(path) -> list[Result]:
+    """The results of a run's ``.jsonl`` (see ``read_record_file``)."""
+    return read_record_file(path)[1]
+
+
+def stopped_note(results: list[Result], planned: int | None) -> str:
+    """What a stopped run's record says of itself: how many of its planned cells it finished."""
+    done = len({(r.layout, r.state_dtype, r.mode, r.tokens, r.HV, r.batch, r.K) for r in results})
+    return f"stopped after {done} of {planned if planned else 'its'} cells"
 
 
 def run_grid(
