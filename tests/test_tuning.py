@@ -9,6 +9,7 @@ import yaml
 
 import generated.h200 as h200
 from gdngen.dispatch import CallShape, measured_rules, select, verdicts
+from gdngen.dispatch.measured import CELL_TOLERANCE
 from gdngen.emit import emit, expected_files
 from gdngen.spec import load_spec, parse_spec
 from gdngen.tune.run import (
@@ -669,10 +670,10 @@ def test_shortlist_ranks_each_solve_family_against_itself():
 def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     """Each GPU model's tuning file is valid for specs/h200.yaml and measures every served pair,
     and for every measured cell the dispatch table of that model picks a variant whose mean gap
-    to the fastest over the cell's timings is within 3% of the least such gap: the target the
-    dispatch is held to, at every head dims measured. Cells sharing a B*HV (a TP shard's HV=4,
-    B=16 and a full model's HV=64, B=1) are decided together, and a cell that would give up more
-    than 3% there has a rule for its HV."""
+    to the fastest over the cell's timings is within CELL_TOLERANCE (1.5%) of the least such gap:
+    half the 3% the dispatch is held to out of sample, at every head dims measured. Cells sharing a
+    B*HV (a TP shard's HV=4, B=16 and a full model's HV=64, B=1) are decided together, and a cell
+    that would give up more than CELL_TOLERANCE there has a rule for its HV."""
     spec = load_spec(ROOT / "specs" / "h200.yaml")
     model = gpu_model(spec, gpu)
     tuning = load_tuning(ROOT / "specs" / file, spec, gpu=model)
@@ -689,7 +690,7 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
-        assert mean[rule.use] <= min(mean.values()) + 0.03, (cell, rule.use)
+        assert mean[rule.use] <= min(mean.values()) + CELL_TOLERANCE, (cell, rule.use)
 
 
 def test_settle_times_every_variant_again_in_reverse_and_keeps_the_slower():

@@ -26,8 +26,8 @@ from typing import Iterable, Protocol, Sequence
 from .rules import Range, Rule
 
 #: how far a measured cell's dispatched variant may be off its own fastest (mean gap over the
-#: cell's timings, 0.03 = 3%) before the cell's HV gets a rule of its own
-CELL_TOLERANCE = 0.03
+#: cell's timings, 0.015 = 1.5%) before the cell's HV gets a rule of its own
+CELL_TOLERANCE = 0.015
 
 
 class MeasuredCell(Protocol):
