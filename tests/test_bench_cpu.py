@@ -108,8 +108,27 @@ def test_contenders_are_the_tuned_variants_within_the_margin_fastest_first(tmp_p
 
 def test_contenders_of_a_cell_the_tune_did_not_measure_are_every_candidate(tmp_path):
     path = _tuning_file(tmp_path, {KL_BF16[0]: 10.0})
-    names, why = picker("contenders", h200, tuning_path=path)(_problem(batch=3, pool_size=3))
+    names, why = picker("contenders", h200, tuning_path=path)(_problem(HV=32))
     assert names == KL_BF16 and "not in the tuning file" in why
+
+
+def test_contenders_of_a_batch_between_tuned_ones_are_those_of_its_neighbours(tmp_path):
+    """B = 32 between tuned B = 16 and 64: the variants within the margin at either neighbour
+    (each once, the lower neighbour's first); the batches further out do not count."""
+    a, b, c, d = KL_BF16[:4]
+    path = _tuning_file(tmp_path, {a: 10.0, b: 10.05, c: 12.0})
+    tuning = read_tuning(path)
+    at = dict(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=64)
+    more = [
+        Cell(**at, batch=64, times_us={b: 20.0, c: 19.9, d: 25.0}),
+        Cell(**at, batch=512, times_us={d: 100.0, a: 120.0}),
+        Cell(**{**at, "mode": "verify"}, batch=32, times_us={d: 1.0}),
+    ]
+    path.write_text(dump_tuning(tuning.model_copy(update={"cells": [*tuning.cells, *more]})))
+    pick = picker("contenders", h200, tuning_path=path, margin=0.01)
+    names, why = pick(_problem(batch=32, pool_size=32))
+    assert names == [a, b, c] and "B=16 and B=64" in why
+    assert pick(_problem(batch=1024, pool_size=1024))[0] == [d]  # above every tuned batch
 
 
 def test_contenders_drop_names_the_target_no_longer_has(tmp_path):

@@ -2,7 +2,8 @@
 
 ``--variants`` picks them: a fixed list of names, ``candidates`` (every variant of the cell's
 layout and state dtype) or ``contenders`` (the variants the tuning file timed within a margin of
-the cell's best in any of its timings: the ones that could be the fastest in this run too).
+the cell's best in any of its timings: the ones that could be the fastest in this run too; for a
+batch the tune did not measure, those of its tuned neighbours below and above).
 Timed side by side with the dispatched call on the same inputs, they show whether the dispatch
 picked the fastest variant.
 """
@@ -45,24 +46,36 @@ def problem_variants(target: ModuleType, problem: Problem) -> list[str]:
     return pair_variants(target, problem.layout, problem.state_dtype, (problem.K, problem.V))
 
 
-def tuned_cell(tuning: TuningFile, problem: Problem, target: ModuleType) -> Cell | None:
-    """The tuning file's cell for ``problem``, if the tune measured that very cell (at its head
-    dims: a cell of the grid's base head dims names none, so the variants of it that the target
+def _problems_cells(tuning: TuningFile, problem: Problem, target: ModuleType) -> dict[int, Cell]:
+    """The tuning file's cells of ``problem``'s layout, state dtype, T, mode, HV and head dims, by
+    batch (a cell of the grid's base head dims names no K, so the variants of it that the target
     still has must be kernels of the problem's head dims)."""
-    key = (
-        problem.layout, problem.state_dtype, problem.tokens, problem.mode, problem.HV,
-        problem.batch,
-    )  # fmt: skip
+    key = (problem.layout, problem.state_dtype, problem.tokens, problem.mode, problem.HV)
     served = set(problem_variants(target, problem))
+    found: dict[int, Cell] = {}
     for cell in tuning.cells:
-        if (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV, cell.batch) != key:
+        if (cell.layout, cell.state_dtype, cell.tokens, cell.mode, cell.HV) != key:
             continue
         if cell.K is not None:
             if (cell.K, cell.V) == (problem.K, problem.V):
-                return cell
+                found[cell.batch] = cell
         elif set(cell.times_us) & set(target.VARIANTS) <= served:
-            return cell
-    return None
+            found[cell.batch] = cell
+    return found
+
+
+def tuned_cell(tuning: TuningFile, problem: Problem, target: ModuleType) -> Cell | None:
+    """The tuning file's cell for ``problem``, if the tune measured that very cell."""
+    return _problems_cells(tuning, problem, target).get(problem.batch)
+
+
+def neighbour_cells(tuning: TuningFile, problem: Problem, target: ModuleType) -> list[Cell]:
+    """For a batch the tune did not measure: its tuned cells at the nearest batch below and the
+    nearest above (same layout, state dtype, T, mode, HV and head dims), those that exist."""
+    cells = _problems_cells(tuning, problem, target)
+    below = [b for b in cells if b < problem.batch]
+    above = [b for b in cells if b > problem.batch]
+    return [cells[b] for b in ([max(below)] if below else []) + ([min(above)] if above else [])]
 
 
 def picker(
@@ -99,16 +112,29 @@ def picker(
         tuning = read_tuning(tuning_path)
 
         def contenders(problem: Problem) -> tuple[list[str], str]:
-            cell = tuned_cell(tuning, problem, target)
             fitting = problem_variants(target, problem)
-            names = [name for name in cell.within(margin) if name in fitting] if cell else []
-            if not names:  # a cell measured at other head dims names none of this problem's
-                return (
-                    fitting,
-                    "cell not in the tuning file: every variant of the layout, state dtype and "
-                    "head dims",
+
+            def within(cell: Cell) -> list[str]:
+                return [name for name in cell.within(margin) if name in fitting]
+
+            cell = tuned_cell(tuning, problem, target)
+            if cell is not None and within(cell):
+                return within(cell), f"within {100 * margin:g}% of the best in {tuning_path.name}"
+            # A batch between tuned ones: whatever is fastest there was close to the best at a
+            # neighbouring batch (the dispatch serves it from one of them too).
+            neighbours = neighbour_cells(tuning, problem, target)
+            names = list(dict.fromkeys(name for c in neighbours for name in within(c)))
+            if names:
+                batches = " and ".join(f"B={c.batch}" for c in neighbours)
+                return names, (
+                    f"cell not in {tuning_path.name}: within {100 * margin:g}% of the best at "
+                    f"{batches}"
                 )
-            return names, f"within {100 * margin:g}% of the best in {tuning_path.name}"
+            return (
+                fitting,
+                "cell not in the tuning file: every variant of the layout, state dtype and head "
+                "dims",
+            )
 
         return contenders
     names = [name for name in choice.split(",") if name]
