@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import shlex
 import signal
 import sys
@@ -225,19 +224,15 @@ def tables(paths: list[str], out: str | None) -> int:
     meta: dict = {}
     results: list[Result] = []
     for path in paths:
-        if path.endswith(".jsonl"):
-            file_meta, file_results = read_record_file(path)
-            if file_meta:  # a .jsonl that is still there is the record of a run that ended early
-                file_meta.setdefault("stopped", stopped_note(file_results, file_meta.get("cells")))
-        elif path.endswith(".json"):
-            record = json.loads(Path(path).read_text())
-            file_meta, file_results = record["meta"], [Result(**r) for r in record["results"]]
-        else:
+        if not path.endswith((".json", ".jsonl")):
             print(
                 f"gdngen bench-tables: {path}: expected a .json or .jsonl bench record",
                 file=sys.stderr,
             )
             return 2
+        file_meta, file_results = read_record_file(path)
+        if path.endswith(".jsonl") and file_meta:  # still there: a run that ended early
+            file_meta.setdefault("stopped", stopped_note(file_results, file_meta.get("cells")))
         meta = meta or file_meta
         results += file_results
     if not meta:

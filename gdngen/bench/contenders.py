@@ -118,8 +118,9 @@ def picker(
                 return [name for name in cell.within(margin) if name in fitting]
 
             cell = tuned_cell(tuning, problem, target)
-            if cell is not None and within(cell):
-                return within(cell), f"within {100 * margin:g}% of the best in {tuning_path.name}"
+            names = within(cell) if cell is not None else []
+            if names:
+                return names, f"within {100 * margin:g}% of the best in {tuning_path.name}"
             # A batch between tuned ones: whatever is fastest there was close to the best at a
             # neighbouring batch (the dispatch serves it from one of them too).
             neighbours = neighbour_cells(tuning, problem, target)

@@ -38,7 +38,7 @@ def _cell(result: Result | None) -> str:
     return text
 
 
-def _speedup(ours: Result | None, peer: Result | None) -> float | None:
+def speedup(ours: Result | None, peer: Result | None) -> float | None:
     if ours is None or peer is None or ours.us is None or peer.us is None:
         return None
     return peer.us / ours.us
@@ -132,7 +132,7 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
             ]
             row += [_cell(by_impl.get(p)) for p in peers]
             for p in peers:
-                s = _speedup(mine, by_impl.get(p))
+                s = speedup(mine, by_impl.get(p))
                 row.append("-" if s is None else f"{s:.2f}x")
             if with_variants:
                 best, excess = fastest_variant(by_impl, ours), dispatch_excess(by_impl, ours)
@@ -149,7 +149,7 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
             ratios = [
                 s
                 for cell in cells.values()
-                if (s := _speedup(cell.get(ours), cell.get(p))) is not None
+                if (s := speedup(cell.get(ours), cell.get(p))) is not None
             ]
             if ratios:
                 geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))

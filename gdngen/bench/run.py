@@ -143,8 +143,13 @@ def write_meta_line(jsonl: TextIO, meta: dict) -> None:
 
 
 def read_record_file(path) -> tuple[dict, list[Result]]:
-    """The metadata and results of a run's ``.jsonl`` (written cell by cell, each cell once it is
-    complete); the metadata is empty in a file written before it was kept."""
+    """The metadata and results of a bench record: a finished run's ``.json``, or a run's
+    ``.jsonl`` (written cell by cell, each cell once it is complete; its metadata is empty in a
+    file written before it was kept)."""
+    if str(path).endswith(".json"):
+        with open(path) as handle:
+            record = json.load(handle)
+        return record["meta"], [Result(**r) for r in record["results"]]
     meta: dict = {}
     results = []
     with open(path) as handle:

@@ -8,23 +8,18 @@ reports and the .jsonl records of runs that stopped before writing them)
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess
-from gdngen.bench.run import Result, read_records
+from gdngen.bench.report import DISPATCH_TOLERANCE, dispatch_excess, speedup
+from gdngen.bench.run import Result, read_record_file
 
 
 def records(folder: Path) -> list[Result]:
-    results = []
-    for path in sorted(folder.glob("*.json")):
-        results += [Result(**r) for r in json.loads(path.read_text())["results"]]
-    for path in sorted(folder.glob("*.jsonl")):
-        results += read_records(path)
-    return results
+    paths = sorted(folder.glob("*.json")) + sorted(folder.glob("*.jsonl"))
+    return [result for path in paths for result in read_record_file(path)[1]]
 
 
 def cells(results: list[Result]) -> dict[tuple, dict[str, Result]]:
@@ -36,10 +31,7 @@ def cells(results: list[Result]) -> dict[tuple, dict[str, Result]]:
 
 
 def ratio(by_impl: dict[str, Result], peer: str) -> float | None:
-    ours, theirs = by_impl.get("gdngen"), by_impl.get(peer)
-    if ours is None or theirs is None or ours.us is None or theirs.us is None:
-        return None
-    return theirs.us / ours.us
+    return speedup(by_impl.get("gdngen"), by_impl.get(peer))
 
 
 def span(values: list[float]) -> str:
