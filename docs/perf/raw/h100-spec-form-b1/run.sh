@@ -1,7 +1,8 @@
 # One device call for the spec form's B = 1 levers (issue 18): builds side by side, each a tree
 # unpacked at /tmp/<name> with its own kernel cache, the first being main's.
-#   1. the engine-form, conv and gated-norm GPU tests of every build but the first (pytest-xdist,
-#      on the device image, runs them TEST_WORKERS at a time), while packed_forms.py compiles;
+#   1. the GPU tests of every build but the first, while packed_forms.py compiles: TESTS (default
+#      the engine-form, conv and gated-norm files), run TEST_WORKERS at a time by pytest-xdist
+#      (on the device image);
 #   2. packed_forms.py on each build in turn, ROUNDS rounds (timings from one GPU, alternating);
 #   3. with what is left of DEADLINE_S, the TP grid jobs given after the trees (bench_grid.sh,
 #      from the first tree).
@@ -15,8 +16,8 @@ P=docs/perf/raw/h100-packed/packed_forms.py
 step tests+compile
 for name in "${trees[@]:1}"; do
   ( cd /tmp/$name && GDNGEN_CACHE_DIR=/tmp/gc-$name python -m pytest -q -m gpu -p no:cacheprovider \
-      -n ${TEST_WORKERS:-6} tests/gpu/test_engine_forms_gpu.py tests/gpu/test_conv_gpu.py \
-      tests/gpu/test_gated_norm_gpu.py > "$res/$name-tests.log" 2>&1; step "$name tests rc=$?" ) &
+      -n ${TEST_WORKERS:-6} ${TESTS:-tests/gpu/test_engine_forms_gpu.py tests/gpu/test_conv_gpu.py \
+      tests/gpu/test_gated_norm_gpu.py} > "$res/$name-tests.log" 2>&1; step "$name tests rc=$?" ) &
 done
 for name in "${trees[@]}"; do
   ( cd /tmp/$name && GDNGEN_CACHE_DIR=/tmp/gc-$name python $P /dev/null compile > "$res/$name-compile.log" 2>&1 ) &
