@@ -28,37 +28,46 @@ CELLS = [
 FORMS = ["pos_dense", "pos_packed", "spec"]
 HV = 64
 
-call = h200.gdn_decode
-compile_only = len(sys.argv) > 2 and sys.argv[2] == "compile"
-with open(sys.argv[1], "w") as log:
-    for B, T, dt in CELLS:
-        base = PackedProblem(sequences=B, tokens=T, state_dtype=dt, H=16, HV=HV, null_slot=0)
-        size = B * HV * 128 * 128 * (2 if dt == "bf16" else 4) * (T + 1)
-        count = 1 if compile_only else rotating_sets(size)
-        forms, variants = {}, {}
-        for name in FORMS:
-            sets = []
-            for i in range(count):
-                if name == "spec":
-                    a = base.with_(seed=i, slots="row" if T == 1 else "per_token").make("cuda")
-                else:
-                    a = base.with_(
-                        seed=i, slots="row", cache="positional", disable_state_update=True
-                    ).make("cuda")
-                if name == "pos_dense":
-                    for n, d in (("q", 16), ("k", 16), ("v", HV)):
-                        a[n] = a[n].view(B, T, d, 128)
-                    for n in ("a", "b"):
-                        a[n] = a[n].reshape(B, T, HV)
-                    del a["cu_seqlens"], a["max_seqlen"]
-                sets.append(a)
-            variants[name] = call.prepare(**sets[0])
-            call(**sets[0])
-            forms[name] = [lambda s=s: call(**s) for s in sets]
-        if compile_only:
-            print(B, T, dt, "compiled", flush=True)
-            continue
-        rec = dict(B=B, T=T, dtype=dt, HV=HV, variants=variants, us=time_side_by_side(forms))
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        print(json.dumps(rec), flush=True)
+
+def form_args(base: PackedProblem, name: str, seed: int) -> dict:
+    """gdn_decode's arguments for one input set of ``base`` in form ``name`` (FORMS)."""
+    B, T = base.sequences, base.tokens
+    if name == "spec":
+        return base.with_(seed=seed, slots="row" if T == 1 else "per_token").make("cuda")
+    a = base.with_(seed=seed, slots="row", cache="positional", disable_state_update=True).make(
+        "cuda"
+    )
+    if name == "pos_dense":
+        for n, d in (("q", 16), ("k", 16), ("v", base.HV)):
+            a[n] = a[n].view(B, T, d, 128)
+        for n in ("a", "b"):
+            a[n] = a[n].reshape(B, T, base.HV)
+        del a["cu_seqlens"], a["max_seqlen"]
+    return a
+
+
+def main() -> None:
+    call = h200.gdn_decode
+    compile_only = len(sys.argv) > 2 and sys.argv[2] == "compile"
+    with open(sys.argv[1], "w") as log:
+        for B, T, dt in CELLS:
+            base = PackedProblem(sequences=B, tokens=T, state_dtype=dt, H=16, HV=HV, null_slot=0)
+            size = B * HV * 128 * 128 * (2 if dt == "bf16" else 4) * (T + 1)
+            count = 1 if compile_only else rotating_sets(size)
+            forms, variants = {}, {}
+            for name in FORMS:
+                sets = [form_args(base, name, i) for i in range(count)]
+                variants[name] = call.prepare(**sets[0])
+                call(**sets[0])
+                forms[name] = [lambda s=s: call(**s) for s in sets]
+            if compile_only:
+                print(B, T, dt, "compiled", flush=True)
+                continue
+            rec = dict(B=B, T=T, dtype=dt, HV=HV, variants=variants, us=time_side_by_side(forms))
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            print(json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main()

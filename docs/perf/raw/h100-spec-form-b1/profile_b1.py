@@ -17,31 +17,22 @@ Each form's second launch is the one to read (the first may pay for first touche
 """
 
 import sys
+from pathlib import Path
 
 import torch
 
-import generated.h200 as h200
 from gdngen.problem import PackedProblem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "h100-packed"))
+from packed_forms import FORMS, HV, form_args, h200  # noqa: E402  (the same three forms)
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 STATE = sys.argv[2] if len(sys.argv) > 2 else "bf16"
-HV = 64
 
 call = h200.gdn_decode
 base = PackedProblem(sequences=1, tokens=T, state_dtype=STATE, H=16, HV=HV, null_slot=0)
-forms = {}
-for name in ("pos_dense", "pos_packed", "spec"):
-    if name == "spec":
-        args = base.with_(slots="row" if T == 1 else "per_token").make("cuda")
-    else:
-        args = base.with_(slots="row", cache="positional", disable_state_update=True).make("cuda")
-    if name == "pos_dense":
-        for tensor, heads in (("q", 16), ("k", 16), ("v", HV)):
-            args[tensor] = args[tensor].view(1, T, heads, 128)
-        for tensor in ("a", "b"):
-            args[tensor] = args[tensor].reshape(1, T, HV)
-        del args["cu_seqlens"], args["max_seqlen"]
-    forms[name] = args
+forms = {name: form_args(base, name, seed=0) for name in FORMS}
+for name, args in forms.items():
     print(name, call.prepare(**args), flush=True)
 for name, args in forms.items():
     for _ in range(2):
