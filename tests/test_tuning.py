@@ -1,5 +1,6 @@
 """Tuning files: parsing, validation against the spec, and the dispatch rows emit makes of them."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ from gdngen.tune.run import (
     merge,
     merge_runs,
     retime_names,
+    ROUND_DRIFT,
+    EXTRA_ROUNDS,
+    round_drift,
     settle,
     shortlist,
 )
@@ -722,6 +726,53 @@ def test_settle_ranks_every_variant_by_timings_taken_in_the_same_company():
     settled = settle(time_in(list(full_set)), time_in)
     assert min(settled, key=settled.get) == "fast"
     assert settled == full_set
+
+
+def test_settle_times_a_disturbed_cell_again_and_keeps_the_two_timings_that_agree():
+    # The first timing read every variant 20% slow (something else ran on the GPU): kept as the
+    # slower figure, it would rank the cell by the disturbance, under which "b" looks fastest.
+    true = {"a": 27.0, "b": 29.0, "c": 28.5, "d": 33.0}
+    disturbed = {"a": 36.0, "b": 33.0, "c": 35.0, "d": 40.0}
+    later = [dict(true), {name: us * 1.005 for name, us in true.items()}]
+    asked = []
+
+    def retime(names):
+        asked.append(names)
+        times = later.pop(0)
+        return {name: times[name] for name in names}
+
+    settled = settle(disturbed, retime)
+    assert asked == [["d", "c", "b", "a"], ["a", "b", "c", "d"]]  # one more, in the first order
+    assert settled == {name: us * 1.005 for name, us in true.items()}
+    assert min(settled, key=settled.get) == "a"
+
+
+def test_settle_gives_a_cell_that_never_settles_two_more_timings_only():
+    scale = iter([1.0, 1.2, 1.5, 1.9])
+    first = {"a": 10.0, "b": 11.0}
+    calls = []
+
+    def retime(names):
+        calls.append(names)
+        factor = next(scale)
+        return {name: first[name] * factor for name in names}
+
+    settled = settle({name: us * 0.8 for name, us in first.items()}, retime)
+    assert len(calls) == 2 + EXTRA_ROUNDS - 1  # the cell's own first timing came from outside
+    # the closest two of 0.8, 1.0, 1.2, 1.5 (as factors): 1.0 and 1.2 (log distance 0.18)
+    assert settled == {"a": 12.0, "b": 13.2}
+
+
+def test_round_drift_reads_a_shift_of_all_variants_not_one_variants_noise():
+    base = {"a": 10.0, "b": 20.0, "c": 30.0, "d": 40.0, "e": 50.0}
+    one_noisy = {**base, "e": 65.0}
+    assert round_drift(base, one_noisy) == 0.0
+    assert round_drift(base, {n: us * 1.1 for n, us in base.items()}) == pytest.approx(
+        math.log(1.1)
+    )
+    assert round_drift(base, {n: us * (1 + ROUND_DRIFT / 2) for n, us in base.items()}) < (
+        ROUND_DRIFT
+    )
 
 
 def test_settle_leaves_a_lone_variant_alone():
