@@ -40,8 +40,6 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 from .norm import activate
 from .rows import ConvSlots, RowSlots, conv_slots, row_span
@@ -378,25 +376,3 @@ def leave(arrivals: cute.Tensor, slot, head, readers: int) -> None:
     cute.arch.atomic_add(
         _counter(arrivals, slot, head), Int32(-readers), sem="relaxed", scope="gpu"
     )
-
-
-def hold_until_here(tile: cute.Tensor) -> None:
-    """Make each value of the register tensor ``tile`` opaque at this point of the program, so
-    that no use of it (its conversion to fp32, say) moves above here. The kernel calls it on the
-    raw state after the prologue's barrier: otherwise LLVM folds the conversion into the load's
-    branch, where each thread then waits for the state before the prologue's work."""
-    words = cute.recast_tensor(tile, Int32)  # as loaded: 16-bit halves would need unpacking
-    for i in range(cute.size(words)):  # unrolled at trace time
-        words[i] = _opaque(words[i])
-
-
-@dsl_user_op
-def _opaque(word, *, loc=None, ip=None):
-    """A 32-bit ``word`` through an empty volatile inline asm: the same bits, which the
-    compilers can neither see through nor move across the program's other side effects (its
-    barriers)."""
-    held = llvm.inline_asm(
-        Int32.mlir_type, [Int32(word).ir_value(loc=loc, ip=ip)], "", "=r,0",
-        has_side_effects=True, loc=loc, ip=ip,
-    )  # fmt: skip
-    return Int32(held)
