@@ -431,6 +431,50 @@ def test_a_cell_no_implementation_serves_draws_no_inputs_and_takes_no_gpu_turn(m
     assert [r.status for r in cell] == ["n/a: no such mode"] and turns == []
 
 
+def test_binds_run_in_the_gpu_turn_and_compiles_between_turns(monkeypatch):
+    """Processes sharing a GPU compile side by side, but anything that may launch work on the
+    GPU (a bind's allocations and index conversions) waits for the turn: outside it, it would
+    land in the middle of another process's timing."""
+    from contextlib import contextmanager
+
+    from gdngen.bench import run as bench_run
+    from gdngen.measure.impls import Bound, Impl
+
+    in_turn = [False]
+    events = []
+
+    @contextmanager
+    def gpu_turn():
+        in_turn[0] = True
+        try:
+            yield
+        finally:
+            in_turn[0] = False
+
+    class Recording(Impl):
+        name = "recording"
+
+        def supports(self, problem):
+            return None
+
+        def compile(self, problem, args):
+            events.append(("compile", in_turn[0]))
+
+        def bind(self, problem, args):
+            events.append(("bind", in_turn[0]))
+            return Bound(run=lambda: None, read_output=None, read_state=None, slots=None)
+
+    monkeypatch.setattr(Problem, "make", lambda self, device: {"seed": self.seed})
+    monkeypatch.setattr(bench_run, "rotating_sets", lambda moved: 3)
+    monkeypatch.setattr(bench_run, "_check", lambda result, problem, args, bound: None)
+    monkeypatch.setattr(
+        bench_run, "time_side_by_side", lambda runs, replays: {name: 1.0 for name in runs}
+    )
+    cell = bench_run.measure_side_by_side([Recording()], _problem(), 1e12, gpu_turn=gpu_turn)
+    assert [r.status for r in cell] == ["ok"] and cell[0].us == 1.0
+    assert events == [("compile", False)] + [("bind", True)] * 3
+
+
 def test_the_records_of_a_killed_bench_render_with_its_metadata(tmp_path, capsys):
     """A run killed outright (SIGKILL, its machine taken back) writes no tables: its .jsonl,
     metadata first and then whole cells, renders on its own with `gdngen bench-tables`."""

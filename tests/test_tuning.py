@@ -775,6 +775,51 @@ def test_round_drift_reads_a_shift_of_all_variants_not_one_variants_noise():
     )
 
 
+def test_a_cells_binds_run_in_its_gpu_turn_and_its_compiles_between_turns(monkeypatch):
+    """As in the bench: tune processes sharing a GPU compile side by side, and anything that
+    may launch work on the GPU (a bind) waits for the process's turn."""
+    from contextlib import contextmanager
+
+    from gdngen.problem import Problem
+    from gdngen.tune import run
+
+    in_turn = [False]
+    events = []
+
+    @contextmanager
+    def gpu_turn():
+        in_turn[0] = True
+        try:
+            yield
+        finally:
+            in_turn[0] = False
+
+    class Recording:
+        def __init__(self, target, name):
+            self.name = name
+
+        def compile(self, problem, args):
+            events.append(("compile", self.name, in_turn[0]))
+
+        def bind(self, problem, args):
+            events.append(("bind", self.name, in_turn[0]))
+            return type("Bound", (), {"run": lambda self: None})()
+
+    monkeypatch.setattr(run, "Gdngen", Recording)
+    monkeypatch.setattr(Problem, "make", lambda self, device: {"state": None})
+    monkeypatch.setattr(
+        run, "state_of", lambda args: type("Pool", (), {"clone": lambda self: None})()
+    )
+    monkeypatch.setattr(run, "rotating_sets", lambda moved: 2)
+    monkeypatch.setattr(run, "check_against_reference", lambda *args: 0.0)
+    monkeypatch.setattr(run, "time_side_by_side", lambda runs, replays: dict.fromkeys(runs, 1.0))
+    times = run.time_variants("h200", Problem(batch=1), ["x", "y"], replays=3, gpu_turn=gpu_turn)
+    assert times == {"x": 1.0, "y": 1.0}
+    assert events == [("compile", "x", False), ("compile", "y", False)] + [
+        ("bind", name, True) for name in ("x", "y") for _ in range(2)
+    ]
+
+
 def test_settle_leaves_a_lone_variant_alone():
     first = {"only": 5.0}
     assert settle(first, lambda names: pytest.fail(f"re-timed {names}")) == first

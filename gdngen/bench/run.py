@@ -84,8 +84,10 @@ def measure_side_by_side(
     reference, then all timed side by side (interleaved), so they compare within the cell's
     noise. A failure (unsupported, wrong, crashed) is a result, not an exception.
 
-    ``gpu_turn`` brackets the work on the GPU (drawing the inputs; checking and timing); the
-    binds between (gdngen's compiles) run outside it, so that other processes may time meanwhile.
+    ``gpu_turn`` brackets the work on the GPU (drawing the inputs; binding, checking and
+    timing); gdngen's compiles run between two turns, so that other processes may time meanwhile.
+    A bind may launch small kernels (index conversions) or allocate: outside a turn these would
+    land in the middle of another process's timing.
     """
     ran = impls[0].adapt(problem)
     results = [_result(impl, problem, ran) for impl in impls]
@@ -104,15 +106,22 @@ def measure_side_by_side(
         sets = rotating_sets(ran.moved_bytes())
         with gpu_turn():
             inputs = [ran.with_(seed=seed).make("cuda") for seed in range(sets)]
-        bound = {}
+        compiled = []
         for index in supported:
             impl, result = impls[index], results[index]
             result.sets = sets
             try:
-                bound[index] = [impl.bind(ran, args) for args in inputs]
+                impl.compile(ran, inputs[0])
+                compiled.append(index)
             except Exception as exc:  # noqa: BLE001 - one failing variant or peer is a result
                 result.status = _error(exc)
+        bound = {}
         with gpu_turn():
+            for index in compiled:
+                try:
+                    bound[index] = [impls[index].bind(ran, args) for args in inputs]
+                except Exception as exc:  # noqa: BLE001 - as above
+                    results[index].status = _error(exc)
             for index, bounds in bound.items():
                 try:
                     _check(results[index], ran, inputs[0], bounds[0])

@@ -45,7 +45,14 @@ class Impl:
         """The form of ``problem`` this implementation runs (e.g. a dense state for FLA)."""
         return problem
 
+    def compile(self, problem: Problem, args: dict) -> None:
+        """What binding ``problem`` needs that runs on the host only (a JIT compile): done before
+        the GPU turn in which the input sets are bound, so that processes sharing a GPU compile
+        side by side while one of them times."""
+
     def bind(self, problem: Problem, args: dict) -> Bound:
+        """One input set as a ready call. May launch work on the GPU (allocations, index
+        conversions), so callers that share a GPU bind inside their GPU turn."""
         raise NotImplementedError
 
 
@@ -88,10 +95,13 @@ class Gdngen(Impl):
             head_dims=(problem.K, problem.V),
         ).use
 
+    def compile(self, problem: Problem, args: dict) -> None:
+        self.call.prepare(**args)  # the checks and the kernel for this call's signature
+
     def bind(self, problem: Problem, args: dict) -> Bound:
         output = _output(problem, args)
         call = self.call
-        self.call.prepare(**args)
+        self.call.prepare(**args)  # compiled by compile(): the signature's plan, cached
         pool = state_of(args)
         return Bound(
             run=lambda: call(**args, output=output),

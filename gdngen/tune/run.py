@@ -70,17 +70,19 @@ def time_variants(
 ) -> dict[str, float]:
     """Microseconds per call of each of ``names`` on ``problem``, each checked first.
 
-    ``gpu_turn`` brackets the work on the GPU (drawing the inputs; checking and timing); the
-    compiles between run outside it, so that other tune processes may time meanwhile.
+    ``gpu_turn`` brackets the work on the GPU (drawing the inputs; binding, checking and
+    timing); the compiles between run outside it, so that other tune processes may time meanwhile.
     """
     sets = rotating_sets(problem.moved_bytes())
     with gpu_turn():
         inputs = [problem.with_(seed=seed).make("cuda") for seed in range(sets)]
-    bounds = {}
-    for name in names:  # compiles (no GPU work)
-        impl = Gdngen(target, name)
-        bounds[name] = [impl.bind(problem, args) for args in inputs]
+    impls = {name: Gdngen(target, name) for name in names}
+    for impl in impls.values():  # compiles (no GPU work)
+        impl.compile(problem, inputs[0])
     with gpu_turn():
+        bounds = {
+            name: [impl.bind(problem, args) for args in inputs] for name, impl in impls.items()
+        }
         runs = {}
         for name in names:
             args = inputs[0]
