@@ -4,7 +4,8 @@
 # device:   source .devbundle/setup.sh; bash docs/perf/raw/kl-bf16-landed/run.sh RES DEADLINE_S
 #  1. the repeats: the H100 V-last bf16 T = 1, HV 32, B = 32 cell that read +11% once, and the
 #     two B = 1 cells whose dispatch the retimes changed (K-last fp32 T = 2 verify, HV 16;
-#     V-last fp32 T = 1, HV 32), each in its own process;
+#     V-last fp32 T = 1, HV 32), each in its own process; then the four K-last bf16 cells the
+#     re-tune timed disturbed;
 #  2. if .devbundle/tree-nt.tar.gz travelled with the call (git archive of wip-norm-threads):
 #     that branch's head-owning norm kernels at ilp 4 and 2 against ilp 8 in the fused core
 #     (its docs/perf/raw/norm-threads/compare.py);
@@ -18,13 +19,19 @@ left() { echo $(( deadline - ($(date +%s) - start) )); }
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader > "$res/gpu.txt"
 export GDNGEN_CACHE_DIR=/tmp/gc-landed
 bn() { timeout -s TERM $(left) python -m gdngen bench --qk-heads $2 --hv $3 --layout ${4%/*} \
-    --state-dtype ${4#*/} --tokens $5 --mode $6 --batch $7 --variants contenders --contender-margin 0.05 \
+    --state-dtype ${4#*/} --tokens $5 --mode $6 --batch $7 --variants ${8:-contenders} --contender-margin 0.05 \
     --peers none --out $res/repeat-$1 > $res/repeat-$1.log 2>&1; step "repeat $1 rc=$?"; }
 for r in 1 2; do
   bn vl-bf16-t1-hv32-b32-$r 16 32 v_last/bf16 1 update 32
   bn kl-fp32-t2v-hv16-b1-$r 8 16 k_last/fp32 2 verify 1
   bn vl-fp32-t1-hv32-b1-$r 16 32 v_last/fp32 1 update 1
 done
+# the four cells the re-tune timed disturbed (h100-h200-2026-11-25-retune-staged.md), once each,
+# beside every candidate (their disturbed timings put the true contenders out of the margin)
+bn kl-bf16-t1-hv4-b256 2 4 k_last/bf16 1 update 256 candidates
+bn kl-bf16-t2-hv4-b512 2 4 k_last/bf16 2 update 512 candidates
+bn kl-bf16-t2-hv32-b256 16 32 k_last/bf16 2 update 256 candidates
+bn kl-bf16-t2v-hv48-b256 16 48 k_last/bf16 2 verify 256 candidates
 if [ -e .devbundle/tree-nt.tar.gz ]; then
   rm -rf /tmp/nt && mkdir /tmp/nt && tar -xzf .devbundle/tree-nt.tar.gz -C /tmp/nt
   # the branch's tree first on the path: setup.sh put this tree's root there
