@@ -23,6 +23,7 @@ import importlib
 import itertools
 import math
 import shlex
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -115,10 +116,7 @@ def round_drift(one: dict[str, float], other: dict[str, float]) -> float:
     """How far apart two timings of a cell are as a whole: |log| of the median over its variants
     of their ratios. One variant's noise hardly moves that median; a disturbance that slowed
     every variant moves it by as much."""
-    ratios = sorted(other[name] / one[name] for name in one)
-    middle = len(ratios) // 2
-    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-    return abs(math.log(median))
+    return abs(math.log(statistics.median(other[name] / one[name] for name in one)))
 
 
 def settle(
@@ -139,9 +137,9 @@ def settle(
     When the two timings disagree as a whole (:func:`round_drift` over ROUND_DRIFT), one of them
     was disturbed, and keeping the slower figure would rank the variants by the disturbance: in
     a K-last bf16 re-tune on an H100 (docs/perf/h100-h200-2026-11-25-retune-staged.md) most
-    variants of three cells read 10-35% slower than in the run before while the other cells matched
-    it, and the slower figure of each decided those cells. The cell is then timed up to EXTRA_ROUNDS more times, alternating
-    the order, and the two timings that agree best are kept.
+    variants of three cells read 10-35% slower than in the run before while the other cells
+    matched it, and the slower figure of each decided those cells. The cell is then timed up to
+    EXTRA_ROUNDS more times, alternating the order, and the two timings that agree best are kept.
     """
     if len(first) < 2:
         return dict(first)
