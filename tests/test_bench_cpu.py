@@ -335,6 +335,24 @@ def test_the_startup_bench_report_adds_up_the_workers(tmp_path):
     assert row == "| 2 | 14.5 | 13.0, 14.5 | 2 | 2 | 2 (2) | 2.00e-03 |"
 
 
+def test_a_startup_worker_starts_cold_whatever_the_shell_set(tmp_path):
+    # Each worker sees its own GPU and the run's empty cache, with the disk cache on and no
+    # artifact directory: a GDNGEN_ARTIFACTS or GDNGEN_DISK_CACHE=0 in the calling shell would
+    # otherwise load every kernel (or compile it in every process) and the run would not show
+    # a machine's cold start.
+    from gdngen.bench import startup
+
+    shell = {"PATH": "/bin", "GDNGEN_ARTIFACTS": "/prebuilt", "GDNGEN_DISK_CACHE": "0",
+             "GDNGEN_CACHE_DIR": "/elsewhere", "CUDA_VISIBLE_DEVICES": "0,1"}  # fmt: skip
+    environment = startup.worker_environment(1, tmp_path, shell)
+    assert environment == {"PATH": "/bin", "GDNGEN_DISK_CACHE": "1",
+                           "GDNGEN_CACHE_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": "1"}  # fmt: skip
+    assert shell["GDNGEN_ARTIFACTS"] == "/prebuilt"  # the caller's mapping is left as it was
+    # worker i takes the i-th GPU the caller sees, not the machine's i-th
+    masked = startup.worker_environment(1, tmp_path, dict(shell, CUDA_VISIBLE_DEVICES="2, 3"))
+    assert masked["CUDA_VISIBLE_DEVICES"] == "3"
+
+
 def test_core_bench_forms_and_report():
     # The core bench's cells are in vLLM's forms (a per-token table at T > 1), and its report's
     # ratio is the fastest chain over the fused core, with "-" where a peer skipped a cell.

@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from gdngen.runtime.kernel_dir import CACHE_ENV
+from gdngen.runtime.store import ARTIFACTS_ENV, DISK_CACHE_ENV
+
 #: the first calls of a worker (gdngen.problem.Problem fields): decode from a pool with padding,
 #: and verify with a cache; two kernels
 PROBLEMS = [
@@ -60,6 +63,19 @@ print(json.dumps({{"finished": time.time(), "sources": store.sources(), "error":
 """
 
 
+def worker_environment(gpu: int, cache: Path, base: dict | None = None) -> dict:
+    """The environment of the worker on GPU ``gpu`` (an index among the GPUs the caller sees):
+    the caller's, seeing that GPU alone, with the disk cache on and in ``cache``, and no
+    ahead-of-time artifact directory (a worker starts as an engine process does on a machine
+    with an empty cache, whatever the calling shell set)."""
+    base = os.environ if base is None else base
+    environment = {name: value for name, value in base.items() if name != ARTIFACTS_ENV}
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    device = visible.split(",")[gpu].strip() if visible else str(gpu)
+    environment.update({"CUDA_VISIBLE_DEVICES": device, CACHE_ENV: str(cache), DISK_CACHE_ENV: "1"})
+    return environment
+
+
 def run_processes(count: int, target: str, cache: Path, root: Path) -> dict:
     """Start ``count`` workers at once (worker i on GPU i) on the cache folder ``cache``."""
     code = WORKER.format(target=target, problems=PROBLEMS)
@@ -68,7 +84,7 @@ def run_processes(count: int, target: str, cache: Path, root: Path) -> dict:
         subprocess.Popen(
             [sys.executable, "-c", code],
             cwd=root,
-            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "GDNGEN_CACHE_DIR": str(cache)},
+            env=worker_environment(gpu, cache),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -68,3 +68,27 @@ def run_and_check(call, problem: Problem, *, pass_output: bool = True, device="c
         assert torch.isnan(
             cache[~live].float()
         ).all(), "cache rows of padded batch rows were written"
+
+
+def replay_and_check(graph, problem: Problem, args: dict, output, *, device="cuda", seed=100):
+    """Replay a captured graph of one call three times, each after copying a fresh problem's
+    inputs and slots (seeds ``seed``, ``seed + 1``, ...) into the captured tensors, and check
+    the output, the states written and the cache against the reference (bf16 state and io)."""
+    pool = args["initial_state"]
+    for replay in range(3):
+        fresh = problem.with_(seed=seed + replay).make(device)
+        for name in ("q", "k", "v", "a", "b", "initial_state", "initial_state_indices"):
+            args[name].copy_(fresh[name])
+        before = pool.clone()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        ref = reference_decode(
+            args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+            args["b"], read_slots=args["initial_state_indices"],
+        )  # fmt: skip
+        live = ref.live
+        assert_close("graph output", output[live], ref.output[live], torch.bfloat16)
+        written = args["initial_state_indices"].long()[live]
+        assert_close("graph state", pool[written], ref.final_state[live], torch.bfloat16)
+        cache = args["intermediate_states_buffer"]
+        assert_close("graph cache", cache[live], ref.intermediates[live], torch.bfloat16)

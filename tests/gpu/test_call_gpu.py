@@ -10,7 +10,7 @@ from gdngen.problem import Problem
 from gdngen.reference import reference_decode
 from gdngen.runtime.store import compiled_count
 from tests.compare import assert_close
-from tests.gpu.check_call import run_and_check
+from tests.gpu.check_call import replay_and_check, run_and_check
 
 pytestmark = pytest.mark.gpu
 
@@ -84,7 +84,6 @@ def test_cuda_graph_capture_and_replay():
         batch=8, tokens=2, HV=64, pool_size=20, padded_rows=(3,), cache_steps=2, seed=21
     )
     args = problem.make("cuda")
-    pool = args["initial_state"]
     output = torch.empty(8, 2, 64, 128, dtype=torch.bfloat16, device="cuda")
     h200.gdn_decode.prepare(**args)
     graph = torch.cuda.CUDAGraph()
@@ -95,23 +94,7 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.current_stream().wait_stream(stream)
     with torch.cuda.graph(graph):
         h200.gdn_decode(**args, output=output)
-    for replay in range(3):
-        fresh = problem.with_(seed=100 + replay).make("cuda")
-        for name in ("q", "k", "v", "a", "b", "initial_state", "initial_state_indices"):
-            args[name].copy_(fresh[name])
-        before = pool.clone()
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = reference_decode(
-            args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
-            args["b"], read_slots=args["initial_state_indices"],
-        )  # fmt: skip
-        live = ref.live
-        assert_close("graph output", output[live], ref.output[live], torch.bfloat16)
-        written = args["initial_state_indices"].long()[live]
-        assert_close("graph state", pool[written], ref.final_state[live], torch.bfloat16)
-        cache = args["intermediate_states_buffer"]
-        assert_close("graph cache", cache[live], ref.intermediates[live], torch.bfloat16)
+    replay_and_check(graph, problem, args, output, seed=100)
 
 
 @pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])

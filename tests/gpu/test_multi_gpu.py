@@ -11,9 +11,7 @@ import torch
 import generated.h200 as h200
 from gdngen.bench import startup
 from gdngen.problem import Problem
-from gdngen.reference import reference_decode
-from tests.compare import assert_close
-from tests.gpu.check_call import run_and_check
+from tests.gpu.check_call import replay_and_check, run_and_check
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"
@@ -57,7 +55,6 @@ def test_the_same_signature_on_both_gpus(first_gpu_current):
 def test_a_graph_captured_on_the_second_gpu_replays_there(first_gpu_current):
     problem = Problem(batch=8, tokens=2, HV=64, pool_size=12, padded_rows=(1,), cache_steps=2)
     args = problem.make(SECOND)
-    pool = args["initial_state"]
     output = torch.empty(8, 2, 64, 128, dtype=torch.bfloat16, device=SECOND)
     h200.gdn_decode.prepare(**args, output=output)  # compile and load before the capture
     assert torch.cuda.current_device() == 0
@@ -69,23 +66,7 @@ def test_a_graph_captured_on_the_second_gpu_replays_there(first_gpu_current):
     with torch.cuda.graph(graph, stream=stream):
         h200.gdn_decode(**args, output=output)
     assert torch.cuda.current_device() == 0
-    for replay in range(3):
-        fresh = problem.with_(seed=200 + replay).make(SECOND)
-        for name in ("q", "k", "v", "a", "b", "initial_state", "initial_state_indices"):
-            args[name].copy_(fresh[name])
-        before = pool.clone()
-        graph.replay()
-        torch.cuda.synchronize(SECOND)
-        ref = reference_decode(
-            args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
-            args["b"], read_slots=args["initial_state_indices"],
-        )  # fmt: skip
-        live = ref.live
-        assert_close("graph output", output[live], ref.output[live], torch.bfloat16)
-        written = args["initial_state_indices"].long()[live]
-        assert_close("graph state", pool[written], ref.final_state[live], torch.bfloat16)
-        cache = args["intermediate_states_buffer"]
-        assert_close("graph cache", cache[live], ref.intermediates[live], torch.bfloat16)
+    replay_and_check(graph, problem, args, output, device=SECOND, seed=200)
 
 
 def test_processes_one_per_gpu_share_an_empty_cache(tmp_path):
