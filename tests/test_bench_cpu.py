@@ -289,6 +289,14 @@ def test_report_without_single_variants_has_no_dispatch_columns():
     assert "vs fastest" not in table and "### Dispatch" not in table
 
 
+def test_report_names_the_card_where_the_record_has_its_uuid():
+    # runs side by side on several GPUs of one host are told apart by the card's UUID
+    card = "GPU-0c1d2e3f-0000-1111-2222-333344445555"
+    header = markdown([_result("gdngen", 10.0)], {**META, "gpu_uuid": card}).splitlines()[0]
+    assert header.startswith(f"GPU: GPU (sm_90, {card}), copy bandwidth 3.00 TB/s")
+    assert markdown([_result("gdngen", 10.0)], META).startswith("GPU: GPU (sm_90), copy")
+
+
 def test_bench_record_is_json_with_one_result_per_line():
     record = {
         "meta": {"gpu": "NVIDIA H200", "copy_bw": 4.25e12},

@@ -85,7 +85,9 @@ def markdown(results: list[Result], meta: dict, ours: str = "gdngen") -> str:
     for r in results:
         groups[(r.K, r.V, r.layout, r.state_dtype, r.mode, r.tokens)][(r.HV, r.batch)][r.impl] = r
     lines = [
-        f"GPU: {meta['gpu']} ({meta['sm']}), copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s "
+        f"GPU: {meta['gpu']} ({meta['sm']}"
+        + (f", {meta['gpu_uuid']}" if meta.get("gpu_uuid") else "")
+        + f"), copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s "
         f"(1 GiB device-to-device copy, read + write).",
         f"Date: {meta['date']}. Command: `{meta['command']}`."
         + (f" **Incomplete:** the run was {meta['stopped']}." if meta.get("stopped") else ""),

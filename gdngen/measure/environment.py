@@ -21,6 +21,12 @@ def source_commit(cwd: str | None = None) -> str | None:
         return None
 
 
+def gpu_uuid() -> str | None:
+    """The current GPU's UUID as nvidia-smi prints it (GPU-...), None where torch has none."""
+    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    return None if uuid is None else f"GPU-{uuid}"
+
+
 def environment() -> dict:
     def version(package: str) -> str | None:
         try:
@@ -39,6 +45,9 @@ def environment() -> dict:
                 pass
     return {
         "gpu": torch.cuda.get_device_name(),
+        # which card of the machine (runs side by side on several GPUs of one host each record
+        # theirs: CUDA_VISIBLE_DEVICES renumbers the cards, the UUID does not)
+        "gpu_uuid": gpu_uuid(),
         "sm": "sm_{}{}".format(*torch.cuda.get_device_capability()),
         "versions": versions,
         "gdngen_commit": source_commit(),
