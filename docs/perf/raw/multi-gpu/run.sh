@@ -2,8 +2,7 @@
 # then issue 19's measurement backlog spread over its GPUs, one lane per GPU. From the repo root
 # of main's tree on the device:
 #   source .devbundle/setup.sh; bash docs/perf/raw/multi-gpu/run.sh RES DEADLINE_S
-# (the tracked tree does not fit beside bundles a and b: a cold machine takes a first call with
-# bundle a alone, then this one with b and c; see ../../README.md's device notes.)
+# (with the peers, FlashInfer and FLA, installed by setup.sh: the lanes bench beside them).
 #  1. tests/gpu/test_multi_gpu.py: tensors on the second GPU while the first is current (eager
 #     and in a CUDA graph), one call object on both GPUs, two processes on one empty cache;
 #  2. `python -m gdngen.bench.startup`, three rounds of 1, 2 (and 4, where there are 4) processes
