@@ -1,9 +1,20 @@
 """The dispatch model (gdngen.dispatch): the one matcher, coverage, and the committed h200 table."""
 
+import itertools
+import random
+
 import pytest
 
 import generated.h200 as h200
-from gdngen.dispatch import CallShape, Range, Rule, coverage_gap, reached, select
+from gdngen.dispatch import (
+    CallShape,
+    FirstMatch,
+    Rule,
+    boundary_shapes,
+    coverage_gap,
+    reached,
+    select,
+)
 from gdngen.spec import load_spec
 from tests.spec_helpers import SPEC_PATH
 
@@ -180,3 +191,78 @@ def test_coverage_gap_names_the_first_unserved_shape():
     # rules for K = V = 128 only leave the other head dims of the target uncovered
     gap = coverage_gap([_rule("k128", head_dims=K128)], pairs, [K128, (256, 256)], 2)
     assert gap == CallShape("k_last", "bf16", 1, 1, False, (256, 256))
+
+
+PAIRS = [("k_last", "bf16"), ("v_last", "fp32")]
+FUSIONS = ((False, False), (True, False), (True, True))
+
+
+def _random_rule(rng: random.Random, index: int) -> Rule:
+    """A rule with random conditions on every field a call shape has (ranges that overlap)."""
+
+    def span(top):
+        lo = rng.randint(1, top)
+        return (lo, rng.choice([None, rng.randint(lo, top + 2)]))
+
+    return Rule(
+        layout=PAIRS[index % 2][0], state_dtype=PAIRS[index % 2][1],
+        tokens=span(4), batch_heads=span(30), intermediate=rng.choice(["any", "yes", "no"]),
+        head_dims=rng.choice([None, K128, (64, 64)]), gated_norm=rng.choice([None, False, True]),
+        conv1d=rng.choice([None, False, True]), heads=rng.choice([None, None, span(12)]),
+        use=f"r{index}",
+    )  # fmt: skip
+
+
+def _every_shape(max_tokens=4, batch_heads=33, heads=15):
+    """Every call shape of the random tables' space, sizes included (the brute force): past
+    batch*heads 33 and HV 15 (one past every random range's end) no first match changes."""
+    for (layout, dtype), dims, (norm, conv), tokens, intermediate, bh, hv in itertools.product(
+        PAIRS, [K128, (64, 64)], FUSIONS, range(1, max_tokens + 1), (False, True),
+        range(1, batch_heads + 1), [None, *range(1, heads + 1)],
+    ):  # fmt: skip
+        yield CallShape(layout, dtype, tokens, bh, intermediate, dims, norm, conv, hv)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_match_boundaries_coverage_and_reach_agree_with_brute_force(seed):
+    # FirstMatch is select; the boundary shapes (points taken per kind of call and T) meet every
+    # first-match outcome there is; coverage_gap names the first gap of the whole space (in the
+    # enumeration's order) and reached the rules some call reaches, as over every shape.
+    rng = random.Random(seed)
+    rules = [_random_rule(rng, i) for i in range(rng.randint(3, 14))]
+    first_match = FirstMatch(rules)
+    every = list(_every_shape())
+    outcomes = {}
+    for shape in every:
+        rule = select(rules, shape)
+        assert first_match(shape) is rule
+        outcomes.setdefault(id(rule), shape)
+    args = (PAIRS, [K128, (64, 64)], 4, FUSIONS)
+    seen = {id(first_match(shape)) for shape in boundary_shapes(rules, *args)}
+    assert seen == set(outcomes)
+    assert reached(rules, *args) == [r for r in rules if id(r) in outcomes]
+    gaps = [shape for shape in every if first_match(shape) is None]
+    gap = coverage_gap(rules, *args)
+    if not gaps:
+        assert gap is None
+    else:  # the first gap of the space in (kind, T, batch*heads, HV) order, None HV first
+        order = lambda c: (  # noqa: E731
+            PAIRS.index((c.layout, c.state_dtype)), [K128, (64, 64)].index(c.head_dims),
+            FUSIONS.index((c.gated_norm, c.conv1d)), c.tokens, c.intermediate, c.batch_heads,
+            -1 if c.heads is None else c.heads,
+        )  # fmt: skip
+        assert gap == min(gaps, key=order)
+
+
+def test_first_match_is_select_over_the_committed_tables():
+    rng = random.Random(11)
+    kinds = list(itertools.product(h200.INFO.served, HEAD_DIMS, FUSIONS, (False, True)))
+    for table in (TABLE, *h200.dispatch.TABLES.values()):
+        first_match = FirstMatch(table)
+        for _ in range(1500):
+            (layout, dtype), dims, (norm, conv), intermediate = rng.choice(kinds)
+            shape = CallShape(
+                layout, dtype, rng.randint(1, 9), rng.choice([rng.randint(1, 5000), *BATCH_HEADS]),
+                intermediate, dims, norm, conv, rng.choice([None, 4, 6, 16, 24, 32, 48, 64, 80]),
+            )  # fmt: skip
+            assert first_match(shape) is select(table, shape)

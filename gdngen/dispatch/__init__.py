@@ -3,19 +3,33 @@
 One representation everywhere: a :class:`Rule` (conditions on a call -> the variant it ``use``s)
 is what a spec's ``dispatch:`` section holds, what ``gdngen emit`` derives from measurements
 (:mod:`.measured`, the verdict policy) and writes into ``generated/<target>/dispatch.py``, and
-what the runtime reads. First match wins, written once (:func:`select`); coverage is checked
-with the same matcher (:func:`coverage_gap`).
+what the runtime reads. First match wins, written once (:func:`select`, and
+:class:`FirstMatch`, the same answer over one table for many calls); coverage is checked with the
+same matcher (:func:`coverage_gap`).
 """
 
 from .measured import Verdict, measured_rules, verdicts
-from .rules import CallShape, Fusion, Range, Rule, boundary_shapes, coverage_gap, reached, select
+from .rules import (
+    CallShape,
+    FirstMatch,
+    Fusion,
+    Range,
+    Rule,
+    batch_heads_points,
+    boundary_shapes,
+    coverage_gap,
+    reached,
+    select,
+)
 
 __all__ = [
     "CallShape",
+    "FirstMatch",
     "Fusion",
     "Range",
     "Rule",
     "Verdict",
+    "batch_heads_points",
     "boundary_shapes",
     "coverage_gap",
     "measured_rules",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -67,6 +67,15 @@ class CallShape:
     #: the geometry's value heads (HV); None where unknown, and then only rules for any HV serve
     heads: int | None = None
 
+    @property
+    def kind(self) -> tuple:
+        """What kind of call it is: every field but its sizes (T, batch*heads, HV). Whether a
+        rule serves a call of one kind is settled by :meth:`Rule.serves_size` alone."""
+        return (
+            self.layout, self.state_dtype, self.intermediate, self.head_dims, self.gated_norm,
+            self.conv1d,
+        )  # fmt: skip
+
     def describe(self) -> str:
         return (
             f"layout={self.layout} state_dtype={self.state_dtype} tokens={self.tokens} "
@@ -112,15 +121,24 @@ class Rule(_Strict):
     source: str = ""
 
     def serves(self, shape: CallShape) -> bool:
+        return self.serves_kind(shape) and self.serves_size(shape)
+
+    def serves_kind(self, shape: CallShape) -> bool:
+        """The rule's conditions on the kind of call (CallShape.kind)."""
         return (
             self.layout == shape.layout
             and self.state_dtype == shape.state_dtype
-            and self.tokens.contains(shape.tokens)
-            and self.batch_heads.contains(shape.batch_heads)
             and self.intermediate in ("any", "yes" if shape.intermediate else "no")
             and self.head_dims in (None, shape.head_dims)
             and self.gated_norm in (None, shape.gated_norm)
             and self.conv1d in (None, shape.conv1d)
+        )
+
+    def serves_size(self, shape: CallShape) -> bool:
+        """The rule's conditions on the call's sizes: T, batch*heads and HV."""
+        return (
+            self.tokens.contains(shape.tokens)
+            and self.batch_heads.contains(shape.batch_heads)
             and (
                 self.heads is None or (shape.heads is not None and self.heads.contains(shape.heads))
             )
@@ -135,6 +153,37 @@ def select(rules: Iterable[Rule], shape: CallShape) -> Rule | None:
     return None
 
 
+class FirstMatch:
+    """:func:`select` over one table, for many call shapes (emit's coverage and reach, the spec's
+    checks): the same rule for every shape, with each kind of call's rules picked out of the
+    table once, in table order, so a shape is held only against the rules of its kind."""
+
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules = tuple(rules)
+        self._of_kind: dict[tuple, tuple[Rule, ...]] = {}
+
+    def of_kind(self, shape: CallShape) -> tuple[Rule, ...]:
+        """The rules that serve calls of ``shape``'s kind at some size, in table order."""
+        rules = self._of_kind.get(shape.kind)
+        if rules is None:
+            rules = tuple(rule for rule in self.rules if rule.serves_kind(shape))
+            self._of_kind[shape.kind] = rules
+        return rules
+
+    def __call__(self, shape: CallShape) -> Rule | None:
+        for rule in self.of_kind(shape):
+            if rule.serves_size(shape):
+                return rule
+        return None
+
+
+def batch_heads_points(rules: Iterable[Rule]) -> list[int]:
+    """1 and the batch*heads where one of ``rules`` starts or ends: between two of them (for
+    fixed other sizes) the first match of these rules cannot change."""
+    ranges = [r.batch_heads for r in rules]
+    return sorted({1} | {b.lo for b in ranges} | {b.hi + 1 for b in ranges if b.hi is not None})
+
+
 def heads_points(rules: Iterable[Rule]) -> list[int]:
     """The HVs where a rule for some value heads starts or ends: between them (and for a call of
     unknown HV) the rules that name no HV decide."""
@@ -143,7 +192,7 @@ def heads_points(rules: Iterable[Rule]) -> list[int]:
 
 
 def boundary_shapes(
-    rules: Sequence[Rule],
+    rules: Sequence[Rule] | FirstMatch,
     pairs: Iterable[tuple[str, str]],
     head_dims: Iterable[tuple[int, int]],
     max_tokens: int,
@@ -151,15 +200,12 @@ def boundary_shapes(
 ) -> Iterator[CallShape]:
     """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
     pair and head dims, T in 1..max_tokens, with and without intermediate states, with each of
-    ``fusions`` ((gated_norm, conv1d) pairs), at each batch*heads where some rule starts or
-    ends (between those points the choice cannot change), for any HV and at each HV where a rule
-    for some HV starts or ends."""
-    starts = sorted(
-        {1}
-        | {r.batch_heads.lo for r in rules}
-        | {r.batch_heads.hi + 1 for r in rules if r.batch_heads.hi is not None}
-    )
-    heads = [None, *heads_points(rules)]
+    ``fusions`` ((gated_norm, conv1d) pairs), at each batch*heads where a rule of that kind of
+    call and T starts or ends (between those points the choice cannot change), for any HV and at
+    each HV where such a rule for some HV starts or ends. Within each kind and T the shapes come
+    in increasing batch*heads, then HV (None first), so the first shape with some property is
+    the first point of the first stretch of calls that have it."""
+    first_match = rules if isinstance(rules, FirstMatch) else FirstMatch(rules)
     dims = list(head_dims)
     fusions = list(fusions)
     for layout, state_dtype in pairs:
@@ -167,12 +213,16 @@ def boundary_shapes(
             for norm, conv in fusions:
                 for tokens in range(1, max_tokens + 1):
                     for intermediate in (False, True):
-                        for batch_heads in starts:
+                        shape = CallShape(
+                            layout, state_dtype, tokens, 1, intermediate, head, norm, conv
+                        )
+                        at_tokens = [
+                            r for r in first_match.of_kind(shape) if r.tokens.contains(tokens)
+                        ]
+                        heads = [None, *heads_points(at_tokens)]
+                        for batch_heads in batch_heads_points(at_tokens):
                             for hv in heads:
-                                yield CallShape(
-                                    layout, state_dtype, tokens, batch_heads, intermediate, head,
-                                    norm, conv, hv,
-                                )  # fmt: skip
+                                yield replace(shape, batch_heads=batch_heads, heads=hv)
 
 
 def coverage_gap(
@@ -185,8 +235,9 @@ def coverage_gap(
     """The first call shape of a served (layout, dtype) pair and head dims that no rule serves,
     or None when the rules cover every T in 1..max_tokens and every batch*heads, with and
     without intermediate states, at each of ``head_dims`` and ``fusions``."""
-    for shape in boundary_shapes(rules, pairs, head_dims, max_tokens, fusions):
-        if select(rules, shape) is None:
+    first_match = FirstMatch(rules)
+    for shape in boundary_shapes(first_match, pairs, head_dims, max_tokens, fusions):
+        if first_match(shape) is None:
             return shape
     return None
 
@@ -200,6 +251,7 @@ def reached(
 ) -> list[Rule]:
     """The rules that first-match serves some call of ``pairs`` at ``head_dims`` and ``fusions``
     (in table order): the others are shadowed by rules before them and can be left out."""
-    shapes = boundary_shapes(rules, pairs, head_dims, max_tokens, fusions)
-    hit = {id(select(rules, shape)) for shape in shapes}
+    first_match = FirstMatch(rules)
+    shapes = boundary_shapes(first_match, pairs, head_dims, max_tokens, fusions)
+    hit = {id(first_match(shape)) for shape in shapes}
     return [rule for rule in rules if id(rule) in hit]

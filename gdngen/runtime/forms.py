@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from gdngen.dispatch import CallShape, Rule, select
+from gdngen.dispatch import CallShape, Rule, batch_heads_points, select
 
 from .compile import CompileKey
 
@@ -25,13 +25,8 @@ def reachable_variants(
     (K, V) and value heads (None: rules for any HV only), in table order. The
     choice only changes where a rule's batch*heads range starts or ends, so those points (tried
     with the one selector) find them all."""
-    points = sorted(
-        {1}
-        | {r.batch_heads.lo for r in table}
-        | {r.batch_heads.hi + 1 for r in table if r.batch_heads.hi is not None}
-    )
     found: dict[str, None] = {}
-    for batch_heads in points:
+    for batch_heads in batch_heads_points(table):
         shape = CallShape(
             layout, state_dtype, tokens, batch_heads, intermediate, head_dims, heads=heads
         )

@@ -9,7 +9,8 @@ the reason instead of a traceback from the compiler.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from types import MappingProxyType
+from typing import Annotated, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -510,6 +511,9 @@ class Spec(_Strict):
     #: the specs this one extends, nearest first, with the paths they were read from (set by
     #: gdngen.spec.load; not part of the spec's meaning or hash)
     _ancestors: tuple[tuple["Spec", str], ...] = PrivateAttr(default=())
+    #: variants_by_name, made at its first use from the variants it holds (tuning files look
+    #: names up per cell; a copy with other variants makes its own)
+    _variants_by_name: tuple[object, Mapping[str, Variant]] | None = PrivateAttr(default=None)
 
     def tuning_geometry(self, HV: int, head_dims: tuple[int, int] | None = None) -> Geometry:
         """The geometry ``gdngen tune`` measures a cell of ``HV`` value heads on: the first with
@@ -555,8 +559,12 @@ class Spec(_Strict):
         return None
 
     @property
-    def variants_by_name(self) -> dict[str, Variant]:
-        return {self.variant_name(v): v for v in self.variants}
+    def variants_by_name(self) -> Mapping[str, Variant]:
+        made = self._variants_by_name
+        if made is None or made[0] is not self.variants:
+            names = {self.variant_name(v): v for v in self.variants}
+            made = self._variants_by_name = (self.variants, MappingProxyType(names))
+        return made[1]
 
     @model_validator(mode="after")
     def _consistent(self) -> "Spec":

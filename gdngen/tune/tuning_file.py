@@ -193,11 +193,16 @@ def gpu_model(spec: Spec, device_name: str) -> str | None:
     return None
 
 
+#: PyYAML's safe loader, in C where PyYAML was built with libyaml: a tuning file is a few MB
+#: (thousands of cells), which the pure-Python parser takes seconds over, in every emit
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_tuning(path: Path) -> TuningFile:
     """Parse a tuning file without checking it against a spec: ``gdngen tune --merge`` keeps the
     pairs that are still fresh from a file that :func:`load_tuning` would refuse as a whole."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
     except (OSError, yaml.YAMLError) as exc:
         raise TuningError(f"{path}: cannot read tuning file: {exc}") from None
     try:
