@@ -13,6 +13,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import black
@@ -513,3 +514,45 @@ def test_a_one_knob_edit_with_a_tuning_file_reemits_on_a_cpu(tmp_path):
     assert "# Dispatch from the spec's static rules: v_last/fp32 (the spec's variants" in (
         after["MANIFEST.txt"]
     )
+
+
+# -- formatting in forked processes --------------------------------------------------------------
+
+
+def test_formatting_in_forked_processes_gives_what_one_process_gives(monkeypatch, h200_spec):
+    # render_all formats a target's modules in forked processes: the same text as render() of
+    # each file in this process, in order, and a module black cannot parse still names its file
+    import importlib
+
+    from gdngen.emit.plan import plan_target
+    from gdngen.emit.render import RenderError
+
+    render_module = importlib.import_module("gdngen.emit.render")  # (the package exports render())
+    planned = plan_target(h200_spec, SPEC_REL)[: render_module.FORK_MIN_FILES]
+    if (os.cpu_count() or 1) > 1:
+        assert render_module._format_processes(len(planned)) > 1
+    assert render_module.render_all(planned) == [render_module.render(p) for p in planned]
+
+    text = render_module._template_text
+    for broken in planned[2:4]:  # with two processes: one in this process's share, one forked
+        monkeypatch.setattr(
+            render_module, "_template_text", lambda p: "def f(:\n" if p is broken else text(p)
+        )
+        where = f"-> {re.escape(broken.relpath)}: emitted code does not parse"
+        with pytest.raises(RenderError, match=where):
+            render_module.render_all(planned)
+
+
+def test_formatting_stays_in_this_process_for_few_files_or_beside_threads():
+    import importlib
+
+    render_module = importlib.import_module("gdngen.emit.render")
+    assert render_module._format_processes(render_module.FORK_MIN_FILES - 1) == 1
+    done = threading.Event()
+    worker = threading.Thread(target=done.wait)
+    worker.start()
+    try:  # a fork copies whatever lock another thread holds: no fork then
+        assert render_module._format_processes(100) == 1
+    finally:
+        done.set()
+        worker.join()

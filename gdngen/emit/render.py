@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import multiprocessing
+import os
+import threading
 
 import black
 import jinja2
@@ -61,17 +64,92 @@ def header(planned: PlannedFile, content: str) -> str:
     )
 
 
-def render(planned: PlannedFile) -> str:
-    """The final text of one file: rendered, formatted by black, headed."""
+def _template_text(planned: PlannedFile) -> str:
     try:
-        text = environment().get_template(planned.template).render(**planned.context)
+        return environment().get_template(planned.template).render(**planned.context)
     except jinja2.TemplateError as exc:
         raise RenderError(f"{planned.template} -> {planned.relpath}: {exc}") from exc
+
+
+def _formatted(where: str, text: str) -> str:
+    """``text`` formatted by black (``where``: the template and file, for the error)."""
     try:
-        content = black.format_str(text, mode=BLACK_MODE)
+        return black.format_str(text, mode=BLACK_MODE)
     except black.InvalidInput as exc:
         numbered = "\n".join(f"{i + 1:4d} {line}" for i, line in enumerate(text.splitlines()))
-        raise RenderError(
-            f"{planned.template} -> {planned.relpath}: emitted code does not parse: {exc}\n{numbered}"
-        ) from exc
+        raise RenderError(f"{where}: emitted code does not parse: {exc}\n{numbered}") from None
+
+
+def _where(planned: PlannedFile) -> str:
+    return f"{planned.template} -> {planned.relpath}"
+
+
+def render(planned: PlannedFile) -> str:
+    """The final text of one file: rendered, formatted by black, headed."""
+    content = _formatted(_where(planned), _template_text(planned))
     return header(planned, content) + content
+
+
+#: below this many files black runs in this process: a fork costs more than it saves
+FORK_MIN_FILES = 16
+
+
+def _format_processes(files: int) -> int:
+    """How many processes format ``files`` files: one per CPU (at most 8), forked from this one
+    (the only start that does not re-run the command's main module), and only where this
+    process runs no other thread (a fork copies a lock another thread may hold); else 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if files < FORK_MIN_FILES or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if threading.active_count() > 1:
+        return 1
+    return max(1, min(cpus or 1, 8))
+
+
+def _format_share(connection, wheres: list[str], texts: list[str]) -> None:
+    """A forked process's share of the files: formatted, sent back, and the process ends. It is
+    given its whole share when it starts and waits on nothing, so if the emit is killed it
+    still ends within its share's time (a pool's idle workers would wait on their queue for
+    good, holding the emit's output pipes open)."""
+    try:
+        connection.send(("formatted", list(map(_formatted, wheres, texts))))
+    except RenderError as exc:
+        connection.send(("error", str(exc)))
+    finally:
+        connection.close()
+
+
+def render_all(planned: list[PlannedFile]) -> list[str]:
+    """:func:`render` of every file, in order. Black takes most of an emit (a fifth of a second
+    a kernel module), so the templates render here and the modules are formatted in shares, one
+    a process (:func:`_format_processes`): this one and forks of it."""
+    texts = [_template_text(p) for p in planned]
+    wheres = [_where(p) for p in planned]
+    processes = _format_processes(len(planned))
+    shares = [slice(start, None, processes) for start in range(processes)]
+    context = multiprocessing.get_context("fork") if processes > 1 else None
+    forked = []
+    for share in shares[1:]:
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_format_share, args=(sender, wheres[share], texts[share]), daemon=True
+        )
+        process.start()
+        sender.close()
+        forked.append((share, receiver, process))
+    contents: list[str | None] = [None] * len(planned)
+    errors: list[str] = []
+    try:
+        contents[shares[0]] = list(map(_formatted, wheres[shares[0]], texts[shares[0]]))
+    except RenderError as exc:
+        errors.append(str(exc))
+    for share, receiver, process in forked:  # every fork is heard out and ended, error or not
+        outcome, result = receiver.recv()
+        process.join()
+        if outcome == "error":
+            errors.append(result)
+        else:
+            contents[share] = result
+    if errors:
+        raise RenderError(errors[0])
+    return [header(p, content) + content for p, content in zip(planned, contents)]

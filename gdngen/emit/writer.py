@@ -14,7 +14,7 @@ from gdngen.spec import Spec, spec_sha256
 from gdngen.tune.tuning_file import Measured, set_key
 
 from .plan import kernel_body, measured_sets, plan_target, unmeasured_sets
-from .render import render
+from .render import render_all
 
 MANIFEST = "MANIFEST.txt"
 PACKAGE_ROOT_INIT = '"""Kernels emitted by gdngen, one package per target (see specs/)."""\n'
@@ -40,10 +40,8 @@ def expected_files(
     is the tuning file of the spec's ``tuning.gpu``, ``other_gpus`` those of its other GPU
     models (gdngen.tune.tuning_file.load_other_tunings)."""
     other_gpus = other_gpus or {}
-    files = {
-        planned.relpath: render(planned)
-        for planned in plan_target(spec, spec_display, tuning, other_gpus)
-    }
+    planned = plan_target(spec, spec_display, tuning, other_gpus)
+    files = dict(zip([p.relpath for p in planned], render_all(planned)))
     lines = [
         f"# Files emitted by gdngen for target {spec.target} from {spec_display}; do not edit.",
         f"# Regenerate: gdngen emit {spec_display}",
