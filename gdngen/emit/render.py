@@ -106,15 +106,21 @@ def _format_processes(files: int) -> int:
     return max(1, min(cpus or 1, 8))
 
 
-def _format_share(connection, wheres: list[str], texts: list[str]) -> None:
+def _format_share(connection, inherited: list, wheres: list[str], texts: list[str]) -> None:
     """A forked process's share of the files: formatted, sent back, and the process ends. It is
     given its whole share when it starts and waits on nothing, so if the emit is killed it
     still ends within its share's time (a pool's idle workers would wait on their queue for
-    good, holding the emit's output pipes open)."""
+    good, holding the emit's output pipes open). It first closes the receiving ends it
+    inherited, its own among them: were the emit killed, a send into a full pipe whose every
+    reader is closed fails at once, where one this process still held open would wait."""
+    for receiver in inherited:
+        receiver.close()
     try:
         connection.send(("formatted", list(map(_formatted, wheres, texts))))
     except RenderError as exc:
         connection.send(("error", str(exc)))
+    except BrokenPipeError:  # the emit is gone
+        pass
     finally:
         connection.close()
 
@@ -131,8 +137,11 @@ def render_all(planned: list[PlannedFile]) -> list[str]:
     forked = []
     for share in shares[1:]:
         receiver, sender = context.Pipe(duplex=False)
+        inherited = [receiver, *(earlier for _, earlier, _ in forked)]
         process = context.Process(
-            target=_format_share, args=(sender, wheres[share], texts[share]), daemon=True
+            target=_format_share,
+            args=(sender, inherited, wheres[share], texts[share]),
+            daemon=True,
         )
         process.start()
         sender.close()
