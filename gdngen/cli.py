@@ -17,13 +17,27 @@ def _cmd_emit(args: argparse.Namespace) -> int:
         load_other_tunings,
         load_tuning,
         remeasure_command,
+        spec_of_tuning_file,
     )
 
     out_root = Path(args.out)
     project_root = out_root.resolve().parent
     status = 0
+    # A tuning file lives beside its spec (so `specs/*.yaml` names both): it stands for the
+    # spec that reads it, and each spec is emitted once.
+    spec_paths: dict[Path, None] = {}
     for spec_arg in args.specs:
         spec_path = Path(spec_arg)
+        owner = spec_of_tuning_file(spec_path)
+        if owner is not None:
+            print(
+                f"gdngen emit: {spec_arg} is a tuning file of {owner.as_posix()}, which reads "
+                "it: taken as that spec",
+                file=sys.stderr,
+            )
+            spec_path = owner
+        spec_paths.setdefault(spec_path, None)
+    for spec_path in spec_paths:
         try:
             spec = load_spec(spec_path)
         except SpecError as exc:

@@ -374,6 +374,27 @@ def test_cli_check_fails_on_a_modified_file(mini_emitted, tmp_path):
     assert kernel.read_text().endswith("# a hand edit\n"), "--check writes nothing"
 
 
+def test_cli_takes_a_tuning_file_as_its_spec(mini_emitted, tmp_path, capsys):
+    # `gdngen emit --check specs/*.yaml` names the tuning files beside the specs too: each stands
+    # for its spec, and each spec is checked once
+    from gdngen.cli import main
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (tmp_path / SMALL_PATH).write_text(to_yaml(SMALL))
+    for name in ("mini.tuning.h100.yaml", "other.tuning.yaml"):  # other.yaml does not exist
+        (specs / name).write_text("cells: []\n")
+    out = copy_tree(mini_emitted, tmp_path / "generated")
+    argv = [str(specs / "mini.tuning.h100.yaml"), str(tmp_path / SMALL_PATH)]
+    assert main(["emit", "--check", *argv, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("generated/mini/ is up to date") == 1
+    assert "mini.tuning.h100.yaml is a tuning file of " in captured.err
+    # a name like a tuning file's with no spec beside it is read as a spec, and refused as one
+    assert main(["emit", "--check", str(specs / "other.tuning.yaml"), "--out", str(out)]) == 2
+    assert "other.tuning.yaml: invalid spec" in capsys.readouterr().err
+
+
 def test_cli_bad_spec_exits_2(tmp_path):
     data = snapshot_dict()
     data["variants"][0]["bogus"] = 1

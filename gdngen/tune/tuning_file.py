@@ -178,6 +178,17 @@ def tuning_path(spec_path: Path, spec: Spec, gpu: str) -> Path:
     return spec_path.with_name(f"{spec_path.stem}.tuning.{slug}.yaml")
 
 
+def spec_of_tuning_file(path: Path) -> Path | None:
+    """The spec a tuning file beside it belongs to, by name (the inverse of :func:`tuning_path`:
+    ``specs/h200.tuning.yaml`` and ``specs/h200.tuning.h100.yaml`` -> ``specs/h200.yaml``), where
+    both files exist; None for any other path."""
+    stem, marker, rest = path.name.partition(".tuning.")
+    if not (marker and stem and (rest == "yaml" or rest.endswith(".yaml")) and path.is_file()):
+        return None
+    spec_path = path.with_name(f"{stem}.yaml")
+    return spec_path if spec_path.is_file() else None
+
+
 def tuning_path_for_gpu(spec_path: Path, spec: Spec, device_name: str) -> Path:
     """The tuning file of the spec's model that a GPU is (by its name); the default file for a
     GPU the spec does not list, or without a GPU (``device_name`` empty)."""
