@@ -39,34 +39,20 @@ done
 # 3. the lanes. The backlog is what docs/perf/h100-h200-2026-11-25-tp-grid.md and
 #    -retune-staged.md list as not yet benched, per GPU model, most wanted first:
 #    H:HVS:LAYOUT/DTYPE:TOKENS:MODES (bench_grid.sh's jobs; B 1, 32 and 512).
+every_shard() { for shard in 2:4,6,8 4:12,16 8:24 16:32,48,64; do echo "$shard:$1"; done; }
+both=( $(every_shard v_last/fp16:4,8:update) $(every_shard v_last/bf16:2,4,8:verify)
+  $(every_shard v_last/fp32:2,4,8:verify) $(every_shard k_last/fp16:1,2,4,8:verify) )
 case "$(head -n 1 "$res/gpus.txt")" in
   *H200*) backlog=(
     2:4,6,8:k_last/fp32:8:verify 4:12,16:k_last/fp32:8:verify 16:48:k_last/fp32:8:verify
-    2:4,6,8:k_last/fp32:4:verify
-    2:4,6,8:v_last/fp32:2,4,8:update 4:12,16:v_last/fp32:2,4,8:update
-    8:24:v_last/fp32:2,4,8:update 16:32,48,64:v_last/fp32:2,4,8:update
+    2:4,6,8:k_last/fp32:4:verify $(every_shard v_last/fp32:2,4,8:update)
     4:12,16:k_last/fp16:1,2:update 8:24:k_last/fp16:1,2:update 16:32,48,64:k_last/fp16:1,2:update
-    2:4,6,8:v_last/fp16:4,8:update 4:12,16:v_last/fp16:4,8:update 8:24:v_last/fp16:4,8:update
-    16:32,48,64:v_last/fp16:4,8:update
-    2:4,6,8:v_last/bf16:2,4,8:verify 4:12,16:v_last/bf16:2,4,8:verify
-    8:24:v_last/bf16:2,4,8:verify 16:32,48,64:v_last/bf16:2,4,8:verify
-    2:4,6,8:v_last/fp32:2,4,8:verify 4:12,16:v_last/fp32:2,4,8:verify
-    8:24:v_last/fp32:2,4,8:verify 16:32,48,64:v_last/fp32:2,4,8:verify
-    2:4,6,8:k_last/fp16:1,2,4,8:verify 4:12,16:k_last/fp16:1,2,4,8:verify
-    8:24:k_last/fp16:1,2,4,8:verify 16:32,48,64:k_last/fp16:1,2,4,8:verify
+    "${both[@]}"
   ) ;;
   *) backlog=(
     2:4,6,8:k_last/fp32:8:verify 4:12,16:k_last/fp32:8:verify 16:32,48,64:k_last/fp32:8:verify
-    2:4,6,8:k_last/fp32:2,4:verify
-    2:4,6,8:k_last/fp16:4,8:update
-    2:4,6,8:v_last/fp16:4,8:update 4:12,16:v_last/fp16:4,8:update 8:24:v_last/fp16:4,8:update
-    16:32,48,64:v_last/fp16:4,8:update
-    2:4,6,8:v_last/bf16:2,4,8:verify 4:12,16:v_last/bf16:2,4,8:verify
-    8:24:v_last/bf16:2,4,8:verify 16:32,48,64:v_last/bf16:2,4,8:verify
-    2:4,6,8:v_last/fp32:2,4,8:verify 4:12,16:v_last/fp32:2,4,8:verify
-    8:24:v_last/fp32:2,4,8:verify 16:32,48,64:v_last/fp32:2,4,8:verify
-    2:4,6,8:k_last/fp16:1,2,4,8:verify 4:12,16:k_last/fp16:1,2,4,8:verify
-    8:24:k_last/fp16:1,2,4,8:verify 16:32,48,64:k_last/fp16:1,2,4,8:verify
+    2:4,6,8:k_last/fp32:2,4:verify 2:4,6,8:k_last/fp16:4,8:update
+    "${both[@]}"
   ) ;;
 esac
 L=$(left); step "lanes with $L s, backlog of ${#backlog[@]} jobs over $(( gpus - 1 )) GPUs"
