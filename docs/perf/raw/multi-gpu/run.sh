@@ -1,19 +1,21 @@
 # Issue 21 on a machine of two or more GPUs of one host (nvidia-h100-x2/x4, nvidia-h200-x2/x4),
 # then issue 19's measurement backlog spread over its GPUs, one lane per GPU. From the repo root
 # of main's tree on the device:
-#   source .devbundle/setup.sh; bash docs/perf/raw/multi-gpu/run.sh RES DEADLINE_S
+#   source .devbundle/setup.sh; bash docs/perf/raw/multi-gpu/run.sh RES DEADLINE_S [PHASE]
+# PHASE: issue21 (steps 1 and 2), lanes (step 3) or all (the default); a device call runs for
+# at most 600 s, so a session runs issue21 in one call and lanes in the next. Keep DEADLINE_S
+# at 500 or less where the same call unpacks bundles (setup.sh) and the jobs' tables are written
+# after it: a 540 s deadline once ran past the call's 600 s and brought nothing back.
 # (with the peers, FlashInfer and FLA, installed by setup.sh: the lanes bench beside them).
 #  1. tests/gpu/test_multi_gpu.py: tensors on the second GPU while the first is current (eager
 #     and in a CUDA graph), one call object on both GPUs, two processes on one empty cache;
 #  2. `python -m gdngen.bench.startup`, three rounds of 1, 2 (and 4, where there are 4) processes
 #     starting at once, one per GPU, each round on a fresh empty cache; nothing else runs then,
 #     so the compiles have the CPUs to themselves as at an engine's start;
-#  3. one lane per GPU, side by side (CUDA_VISIBLE_DEVICES; each lane's jobs take turns on its
-#     GPU through a lock of their own): GPU 0 runs kl-bf16-landed/run.sh (the repeats, the
-#     re-tuned K-last bf16 tables out of sample, the K-last fp16 re-tune), the other GPUs the
-#     TP grid's cells not yet benched on this GPU model (the lists below), round-robin.
+#  3. one lane per GPU, side by side: what is left of issue 19's measurements on this GPU model
+#     (step 3's comment says what, per model).
 # Everything lands in RES; `tar` it into $OUT (at most 8 files come back).
-res=$1; deadline=$2; mkdir -p "$res"; start=$(date +%s)
+res=$1; deadline=$2; phase=${3:-all}; mkdir -p "$res"; start=$(date +%s)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd); raw=$(dirname "$here")
 step() { echo "$(date +%T) +$(( $(date +%s) - start ))s $*" >> "$res/steps.log"; }
 left() { echo $(( deadline - ($(date +%s) - start) )); }
@@ -23,6 +25,7 @@ nvidia-smi topo -m >> "$res/gpus.txt" 2>&1
 step "$gpus GPUs"
 if [ "$gpus" -lt 2 ]; then step "fewer than 2 GPUs: nothing of issue 21 can run here"; exit 1; fi
 
+if [ "$phase" = all ] || [ "$phase" = issue21 ]; then
 # 1. the multi-GPU tests (their own empty disk cache, so the two-process test starts cold)
 GDNGEN_CACHE_DIR=/tmp/gc-multi timeout $(left) python -m pytest -q -rA -p no:cacheprovider \
   tests/gpu/test_multi_gpu.py > "$res/multi-gpu-tests.log" 2>&1
@@ -35,34 +38,57 @@ for round in 1 2 3; do
     > "$res/startup-$round.log" 2>&1
   step "startup round $round ($counts) rc=$?"
 done
+fi
+[ "$phase" = issue21 ] && { step done; exit 0; }
 
-# 3. the lanes. The backlog is what docs/perf/h100-h200-2026-11-25-tp-grid.md and
-#    -retune-staged.md list as not yet benched, per GPU model, most wanted first:
+# 3. the lanes, one per GPU (CUDA_VISIBLE_DEVICES), each taking its GPU in turns through a lock
+#    of its own. The backlog is what the docs/perf files of 2026-11-25 and 2026-11-26 list as not
+#    yet benched per GPU model, most wanted first, dealt round-robin to the lanes:
 #    H:HVS:LAYOUT/DTYPE:TOKENS:MODES (bench_grid.sh's jobs; B 1, 32 and 512).
+#    H200: GPU 0 re-tunes K-last fp16 (its one-pass staged kernel changed code under the same
+#    names, as the H100's did on 2026-11-26); the other GPUs bench the re-tuned K-last bf16
+#    tables out of sample, then the TP grid's cells not benched on an H200.
+#    H100: GPU 0 first retimes the two HV 4 K-last bf16 cells that read +5.5% and +6.8%
+#    (h100-2026-11-26-grid-backlog.md); every GPU then benches the K-last bf16 cells left out.
 every_shard() { for shard in 2:4,6,8 4:12,16 8:24 16:32,48,64; do echo "$shard:$1"; done; }
-both=( $(every_shard v_last/fp16:4,8:update) $(every_shard v_last/bf16:2,4,8:verify)
-  $(every_shard v_last/fp32:2,4,8:verify) $(every_shard k_last/fp16:1,2,4,8:verify) )
 case "$(head -n 1 "$res/gpus.txt")" in
-  *H200*) backlog=(
-    2:4,6,8:k_last/fp32:8:verify 4:12,16:k_last/fp32:8:verify 16:48:k_last/fp32:8:verify
-    2:4,6,8:k_last/fp32:4:verify $(every_shard v_last/fp32:2,4,8:update)
-    4:12,16:k_last/fp16:1,2:update 8:24:k_last/fp16:1,2:update 16:32,48,64:k_last/fp16:1,2:update
-    "${both[@]}"
-  ) ;;
-  *) backlog=(
-    2:4,6,8:k_last/fp32:8:verify 4:12,16:k_last/fp32:8:verify 16:32,48,64:k_last/fp32:8:verify
-    2:4,6,8:k_last/fp32:2,4:verify 2:4,6,8:k_last/fp16:4,8:update
-    "${both[@]}"
-  ) ;;
+  *H200*)
+    tuner=( k_last/fp16:8:32,48,64:128 k_last/fp16:8:4,6,8,12,16,24:128 k_last/fp16:4::128
+      k_last/fp16:2::128 k_last/fp16:1::128 )
+    backlog=(
+      $(every_shard k_last/bf16:8:update,verify) $(every_shard k_last/bf16:4:update,verify)
+      $(every_shard k_last/bf16:1,2:update,verify)
+      2:4,6,8:k_last/fp32:8:verify 4:12,16:k_last/fp32:8:verify 16:48:k_last/fp32:8:verify
+      2:4,6,8:k_last/fp32:4:verify $(every_shard v_last/fp32:2,4,8:update)
+      $(every_shard v_last/fp16:4,8:update) $(every_shard v_last/bf16:2,4,8:verify)
+      $(every_shard v_last/fp32:2,4,8:verify)
+    ) ;;
+  *)
+    tuner=()
+    backlog=(
+      2:4,6,8:k_last/bf16:2:update,verify 16:48,64:k_last/bf16:2:update
+      16:32,48,64:k_last/bf16:2:verify 2:6,8:k_last/bf16:4,8:verify
+      16:32,48,64:k_last/bf16:4:verify 16:48,64:k_last/bf16:8:verify
+    ) ;;
 esac
-L=$(left); step "lanes with $L s, backlog of ${#backlog[@]} jobs over $(( gpus - 1 )) GPUs"
-CUDA_VISIBLE_DEVICES=0 bash "$raw/kl-bf16-landed/run.sh" "$res/gpu0" "$L" \
-  > "$res/gpu0.log" 2>&1 &
-for (( gpu = 1; gpu < gpus; gpu++ )); do
+first=0; [ ${#tuner[@]} -gt 0 ] && first=1
+lanes=$(( gpus - first ))
+L=$(left); step "lanes with $L s, backlog of ${#backlog[@]} jobs over $lanes GPUs"
+[ $first = 1 ] && ( CUDA_VISIBLE_DEVICES=0 bash "$raw/h100-tune/tune.sh" 8 "$L" "${tuner[@]}" \
+  > "$res/gpu0-tune.log" 2>&1; cp -r /tmp/rt "$res/rt" ) &
+retime_hv4() {  # the H100's GPU 0, before its share of the backlog
+  cp specs/h200.tuning.h100.yaml "$res/retime-hv4.yaml"  # merged here with merge-tuning
+  timeout 240 python -m gdngen tune specs/h200.yaml --retime --pairs k_last/bf16 --tokens 1,2 \
+    --heads 4 --head-dims 128 --out "$res/retime-hv4.yaml" > "$res/retime-hv4.log" 2>&1
+  step "retime rc=$?"
+}
+for (( gpu = first; gpu < gpus; gpu++ )); do
   jobs=()
-  for (( j = gpu - 1; j < ${#backlog[@]}; j += gpus - 1 )); do jobs+=("${backlog[j]}"); done
-  CUDA_VISIBLE_DEVICES=$gpu MARGIN=0.01 bash "$raw/tp-bench-t/bench_grid.sh" "$res/gpu$gpu" \
-    "$L" 8 "${jobs[@]}" > "$res/gpu$gpu.log" 2>&1 &
+  for (( j = gpu - first; j < ${#backlog[@]}; j += lanes )); do jobs+=("${backlog[j]}"); done
+  ( export CUDA_VISIBLE_DEVICES=$gpu
+    [ $gpu = 0 ] && retime_hv4
+    MARGIN=0.01 bash "$raw/tp-bench-t/bench_grid.sh" "$res/gpu$gpu" "$(left)" 8 "${jobs[@]}" \
+      > "$res/gpu$gpu.log" 2>&1 ) &
 done
 wait
 step done
