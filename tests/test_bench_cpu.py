@@ -536,3 +536,29 @@ def test_bench_tables_refuses_what_it_cannot_render(tmp_path, capsys, name, text
     path.write_text(text)
     assert main(["bench-tables", str(path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_bench_names_the_variant_a_per_hv_rule_dispatches():
+    """A cell whose HV has a rule of its own is labelled with that rule's kernel, the one the
+    dispatched call runs, not with its B*HV point's pick for other HVs."""
+    from gdngen.measure.impls import Gdngen
+    from gdngen.problem import Problem
+
+    import generated.h200 as h200
+    from generated.h200.dispatch import TABLE
+
+    per_hv = next(r for r in TABLE if r.heads is not None and r.tokens.lo == 1)
+    HV = per_hv.heads.lo
+    problem = Problem(
+        batch=per_hv.batch_heads.lo // HV + 1, tokens=1, H=2,
+        HV=HV, layout=per_hv.layout, state_dtype=per_hv.state_dtype, pool_size=None,
+        cache_steps=1 if per_hv.intermediate == "yes" else None,
+    )  # fmt: skip
+    shared = dict(
+        layout=problem.layout, state_dtype=problem.state_dtype, tokens=1,
+        batch_heads=problem.batch * HV, intermediate=problem.cache_steps is not None,
+        head_dims=(128, 128),
+    )  # fmt: skip
+    assert h200.select(**shared, heads=HV) is per_hv
+    assert h200.select(**shared).use != per_hv.use  # the point's pick, for any other HV
+    assert Gdngen("h200").chosen_variant(problem) == per_hv.use

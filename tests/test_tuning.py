@@ -244,6 +244,61 @@ def test_a_cell_its_point_pick_leaves_over_3_percent_behind_gets_a_rule_for_its_
     assert (pick(64), pick(4), pick(None)) == (LARGE_V, SMALL_V, SMALL_V)
 
 
+def test_neighbouring_hvs_that_leave_the_point_for_one_variant_share_a_rule_over_the_hvs_between(
+    spec,
+):
+    """At B*HV = 256, HV 4 and HV 16 both run LARGE_V faster than the point's pick, SMALL_V (which
+    wins at HV 64): one rule over HV 4..16 serves the unmeasured HV 8 (B = 32) between them too.
+    A cell measured between them that the pick serves (HV 8 here, in the second table) splits the
+    rule in two, and HVs past the last such cell keep the pick."""
+    cells = [c for c in _cells() if (c.tokens, c.mode) != (1, "update")]
+
+    def shared(hv8=None):
+        times = {4: (12.0, 10.0), 16: (12.0, 10.0), 64: (10.0, 30.0)}
+        if hv8:
+            times[8] = hv8
+        return [
+            Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="update", HV=hv,
+                 batch=256 // hv, times_us={SMALL_V: small, LARGE_V: large})
+            for hv, (small, large) in sorted(times.items())
+        ]  # fmt: skip
+
+    def t1_rules(rules):
+        return [
+            (_span(r.batch_heads), r.heads and _span(r.heads), r.use)
+            for r in rules
+            if _span(r.tokens) == (1, 3) and r.intermediate == "no"
+        ]
+
+    rules = _rules(spec, _tuning(spec, cells=cells + shared()))
+    assert t1_rules(rules) == [
+        ((1, None), (4, 16), LARGE_V),  # SMALL_V is 20% off at both HV 4 and HV 16
+        ((1, None), None, SMALL_V),
+    ]
+    assert "HV=4 B=64: 10.00 us" in rules[0].source and "HV=16 B=16: 10.00 us" in rules[0].source
+
+    def pick(rules, heads):
+        return select(
+            rules, CallShape("k_last", "bf16", 1, 256, False, (128, 128), heads=heads)
+        ).use
+
+    assert [pick(rules, hv) for hv in (4, 6, 8, 12, 16, 24, 64)] == [LARGE_V] * 5 + [SMALL_V] * 2
+
+    split = _rules(spec, _tuning(spec, cells=cells + shared(hv8=(10.0, 10.05))))
+    assert t1_rules(split) == [
+        ((1, None), (4, 4), LARGE_V),
+        ((1, None), (16, 16), LARGE_V),
+        ((1, None), None, SMALL_V),
+    ]
+    assert [pick(split, hv) for hv in (4, 6, 8, 12, 16)] == [
+        LARGE_V,
+        SMALL_V,
+        SMALL_V,
+        SMALL_V,
+        LARGE_V,
+    ]
+
+
 def test_retimes_of_disjoint_contenders_fall_back_to_the_first_timings():
     cells = [
         _cell(512, {"a": 10.0, "b": 10.1, "c": 11.0, "d": 12.0}, {"a": 10.2, "b": 10.0}, HV=32),

@@ -13,7 +13,11 @@ measured ones use the rules of the nearest measured T below.
 Cells of different HV can share a batch*heads (HV 4 at B 64, HV 16 at B 16, HV 64 at B 4: the
 tensor-parallel shards of docs/design.md, "Dispatch"), and there one variant need not suit them
 all. Where the point's pick is more than ``CELL_TOLERANCE`` off a cell's own fastest, a rule for
-that cell's HV alone, placed before the point's rule, gives the cell its own pick.
+that cell's HV, placed before the point's rule, gives the cell its own pick. Neighbouring cells of
+one point (no other cell measured between their HVs there) that leave the pick for the same variant
+share one rule over the HVs from the one to the other: an HV between them, measured at other
+points only, sits between two shards on which the point's pick is known to lose to the same
+variant (docs/design.md, "Dispatch").
 """
 
 from __future__ import annotations
@@ -169,26 +173,43 @@ def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
 
 def head_exceptions(
     cells: Sequence[MeasuredCell], points: list[Verdict]
-) -> list[tuple[int, Range, str, str]]:
-    """(HV, batch*heads range, variant, evidence) for each cell whose point's pick is more than
-    ``CELL_TOLERANCE`` off its own fastest: that HV gets its own pick there."""
+) -> list[tuple[Range, Range, str, str]]:
+    """(HV range, batch*heads range, variant, evidence) for the cells whose point's pick is more
+    than ``CELL_TOLERANCE`` off their own fastest: those HVs get their own pick there, one rule
+    for each run of neighbouring such cells (in HV order) with the same own pick."""
     exceptions = []
     for point, span in zip(points, point_ranges(points)):
         if point.cells < 2:
             continue  # a lone cell's point is its own pick
+        run: list | None = None  # [first HV, last HV, variant, evidence, the point's range]
         for cell in sorted(
             (c for c in cells if c.batch_heads == point.batch_heads), key=lambda c: c.HV
         ):
             gaps = cell_gaps(cell)
             own = min(gaps, key=lambda name: (gaps[name], name))
             off = gaps.get(point.variant, math.inf) - gaps[own]
-            if off > CELL_TOLERANCE:
-                evidence = (
-                    f"HV={cell.HV} B={cell.batch}: {cell.times_us[own]:.2f} us, where the "
-                    f"B*HV={point.batch_heads} pick {point.variant} is {off:+.1%} off"
-                )
-                exceptions.append((cell.HV, span, own, evidence))
-    return exceptions
+            if off <= CELL_TOLERANCE:
+                own = None  # the point's pick serves this cell, and ends any run
+            if run and run[2] != own:
+                exceptions.append(run)
+                run = None
+            if own is None:
+                continue
+            evidence = (
+                f"HV={cell.HV} B={cell.batch}: {cell.times_us[own]:.2f} us, where the "
+                f"B*HV={point.batch_heads} pick {point.variant} is {off:+.1%} off"
+            )
+            if run:
+                run[1] = cell.HV
+                run[3].append(evidence)
+            else:
+                run = [cell.HV, cell.HV, own, [evidence], span]
+        if run:
+            exceptions.append(run)
+    return [
+        (Range(lo=first, hi=last), span, variant, "; ".join(evidence))
+        for first, last, variant, evidence, span in exceptions
+    ]
 
 
 def measured_rules(
@@ -232,7 +253,7 @@ def measured_rules(
                         Rule(
                             layout=layout, state_dtype=state_dtype, tokens=token_range,
                             batch_heads=batch_heads, intermediate=intermediate,
-                            head_dims=head_dims, gated_norm=False, heads=Range(lo=heads, hi=heads),
+                            head_dims=head_dims, gated_norm=False, heads=heads,
                             use=variant,
                             source=f"tuned {cite} T={tokens} {mode}: " + evidence,
                         )  # fmt: skip

@@ -93,6 +93,7 @@ class Gdngen(Impl):
             batch_heads=problem.batch * problem.HV,
             intermediate=problem.cache_steps is not None,
             head_dims=(problem.K, problem.V),
+            heads=problem.HV,  # a per-HV rule may serve this cell
         ).use
 
     def compile(self, problem: Problem, args: dict) -> None:

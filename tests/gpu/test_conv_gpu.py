@@ -140,6 +140,30 @@ def test_full_core(layout, state_dtype, tokens):
     run_and_check(case)
 
 
+def _core_rule_variants():
+    """Every kernel a rule for fused-core calls (the norm, and the conv1d prologue or either)
+    names, K = 128, in any GPU model's table."""
+    tables = (h200.dispatch.TABLE, *h200.dispatch.TABLES.values())
+    return sorted(
+        {
+            rule.use for table in tables for rule in table
+            if rule.gated_norm and rule.conv1d is not False and rule.head_dims in (None, (128, 128))
+        }
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _core_rule_variants())
+def test_every_core_rule_variant(name):
+    # Each kernel on its own, so a rule for large batches (fp32 T = 1 from B*HV = 2048) is
+    # checked at a batch the dispatch tests do not reach.
+    module = h200.variant(name).module(name)
+    case = make_case(
+        B=5, T=2, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, slots=12, padded=(3,),
+        conv_layout="channels_last", seed=11,
+    )  # fmt: skip
+    run_and_check(case, call=h200.variant(name))
+
+
 @pytest.mark.parametrize("width", [2, 3, 4])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_widths_without_norm_or_bias(width, tokens):

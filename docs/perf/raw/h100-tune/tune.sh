@@ -1,5 +1,6 @@
 # Tune specs/h200.yaml on the GPU of the device machine, one process per job, WORKERS at a time,
-# taking turns on the GPU (--gpu-lock); each writes its own file under /tmp/rt, merged later
+# taking turns on the GPU (--gpu-lock); each writes its own file under RT_DIR (default /tmp/rt;
+# one per GPU where two tune at once), merged later
 # with `gdngen merge-tuning specs/h200.yaml SPEC_TUNING_FILE /tmp/rt/*.yaml` (which writes the
 # running GPU model's tuning file, e.g. specs/h200.tuning.h100.yaml).
 # usage: bash docs/perf/raw/h100-tune/tune.sh WORKERS DEADLINE_S job...
@@ -14,7 +15,7 @@
 #   jobs that measure cells FILE lacks: merge-tuning keeps the last file's copy of a cell.
 set -o pipefail
 workers=$1; deadline=$2; shift 2
-W=/tmp/rt; mkdir -p $W
+W=${RT_DIR:-/tmp/rt}; mkdir -p $W
 nvidia-smi --query-gpu=name,uuid --format=csv,noheader | tee -a $W/gpu.txt
 start=$(date +%s)
 job() {
