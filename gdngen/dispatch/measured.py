@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import groupby
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
@@ -181,35 +182,24 @@ def head_exceptions(
     for point, span in zip(points, point_ranges(points)):
         if point.cells < 2:
             continue  # a lone cell's point is its own pick
-        run: list | None = None  # [first HV, last HV, variant, evidence, the point's range]
+        picks = []  # (HV, its own pick or None where the point's pick serves it, evidence)
         for cell in sorted(
             (c for c in cells if c.batch_heads == point.batch_heads), key=lambda c: c.HV
         ):
             gaps = cell_gaps(cell)
             own = min(gaps, key=lambda name: (gaps[name], name))
             off = gaps.get(point.variant, math.inf) - gaps[own]
-            if off <= CELL_TOLERANCE:
-                own = None  # the point's pick serves this cell, and ends any run
-            if run and run[2] != own:
-                exceptions.append(run)
-                run = None
-            if own is None:
-                continue
             evidence = (
                 f"HV={cell.HV} B={cell.batch}: {cell.times_us[own]:.2f} us, where the "
                 f"B*HV={point.batch_heads} pick {point.variant} is {off:+.1%} off"
             )
-            if run:
-                run[1] = cell.HV
-                run[3].append(evidence)
-            else:
-                run = [cell.HV, cell.HV, own, [evidence], span]
-        if run:
-            exceptions.append(run)
-    return [
-        (Range(lo=first, hi=last), span, variant, "; ".join(evidence))
-        for first, last, variant, evidence, span in exceptions
-    ]
+            picks.append((cell.HV, own if off > CELL_TOLERANCE else None, evidence))
+        for own, run in groupby(picks, key=lambda pick: pick[1]):
+            if own is not None:
+                run = list(run)
+                heads = Range(lo=run[0][0], hi=run[-1][0])
+                exceptions.append((heads, span, own, "; ".join(e for _, _, e in run)))
+    return exceptions
 
 
 def measured_rules(
