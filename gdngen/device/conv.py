@@ -18,8 +18,8 @@ Who writes the state. A v channel belongs to one CTA and one thread, which write
 columns as soon as it has convolved them. A q or k channel is read by every CTA of its key head,
 (HV / H) * (V / tile_v) of them, and its state must not change under a reader. Each of those
 CTAs counts itself in ``conv_arrivals[slot, key head]`` once its reads are done (``arrive``:
-after a CTA barrier, one acquire-release atomic add at GPU scope, so every read of the CTA
-happens before it); the CTA that finds all the others already counted (``last_reader``) writes
+after a CTA barrier, one relaxed atomic add at GPU scope; see ``arrive`` for why no stronger
+order is needed); the CTA that finds all the others already counted (``last_reader``) writes
 the q/k columns at its end (``store_key_head``, loading the window's last columns again: only it
 writes them, and every reader is past them), and takes its readers back off the count
 (``leave``), so the count is zero again for the next call. The add's result is only needed at
@@ -360,9 +360,18 @@ def _counter(arrivals: cute.Tensor, slot, head):
 
 def arrive(arrivals: cute.Tensor, slot, head):
     """Count this CTA as done reading the key head's q/k state (one thread calls it, after a
-    CTA barrier that follows every thread's reads); returns the count before."""
+    CTA barrier that follows every thread's reads); returns the count before.
+
+    Relaxed, not acquire-release: the reads it must follow are complete already. Every q/k
+    state value a thread loads is consumed by its convolution, whose result it stores into
+    shared memory before the CTA barrier (a thread past the part's channels loads the last
+    channel and discards it), so no read is still in flight when the add is issued; and the
+    last reader's writes depend on the count the add returns, so they come after every
+    reader's add. An acquire-release add cost 4-5% of a bf16 T = 1 call on an H100 at every
+    batch: its fence holds thread 0 until all its loads (the state's included) are back, and
+    warp 0's later loads until the add returns (docs/perf/h100-2026-11-26-relaxed-count.md)."""
     return cute.arch.atomic_add(
-        _counter(arrivals, slot, head), Int32(1), sem="acq_rel", scope="gpu"
+        _counter(arrivals, slot, head), Int32(1), sem="relaxed", scope="gpu"
     )
 
 

@@ -164,6 +164,39 @@ def test_every_core_rule_variant(name):
     run_and_check(case, call=h200.variant(name))
 
 
+# (kernel, H, HV): a key head's q/k conv state is read by (HV / H) * (V / tile_v) CTAs, which
+# count themselves in before its last reader writes it (gdngen.device.conv): 2, 3, 4, 6, 8 and 16
+# readers, each kernel on its own.
+KEY_HEAD_READERS = [
+    ("kl_bf16_tv128_ilp8_vec8_tpg16_sm90", 16, 32),  # 1 x 2
+    ("kl_bf16_tv128_ilp8_vec8_tpg16_sm90", 16, 48),  # 1 x 3
+    ("kl_bf16_tv128_ilp8_vec8_tpg16_sm90", 4, 16),  # 1 x 4
+    ("kl_fp32_tv64_ilp8_vec4_tpg32_sm90", 16, 48),  # 2 x 3
+    ("kl_fp32_tv64_ilp8_vec4_tpg32_sm90", 16, 64),  # 2 x 4
+    ("kl_bf16_tv32_ilp4_vec8_tpg16_sm90", 16, 32),  # 4 x 2
+    ("vl_bf16_tv64_ilp8_vec8_tpg16_sm90", 16, 32),  # 2 x 2
+    ("kl_bf16_tv32_ilp4_vec8_tpg16_sm90", 16, 64),  # 4 x 4
+    ("kl_bf16_tv16_ilp4_vec8_tpg16_sm90", 16, 32),  # 8 x 2
+]
+
+
+@pytest.mark.parametrize("norm", [True, False], ids=["norm", "no_norm"])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize(
+    "name,H,HV", KEY_HEAD_READERS, ids=[f"{n[:20]}-{h}-{hv}" for n, h, hv in KEY_HEAD_READERS]
+)
+def test_every_reader_count_of_a_key_head(name, H, HV, tokens, norm):
+    module = h200.variant(name).module(name)
+    case = make_case(
+        B=7, T=tokens, H=H, HV=HV, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE,
+        slots=11, padded=(2,), conv_layout="channels_last" if tokens > 1 else "channels_first",
+        seed=HV + tokens,
+    )  # fmt: skip
+    run_and_check(case, H=H, HV=HV, norm=norm, call=h200.variant(name))
+    # A second call goes on from the states the first one left (and the count back at zero).
+    run_and_check(case, H=H, HV=HV, norm=norm, call=h200.variant(name))
+
+
 @pytest.mark.parametrize("width", [2, 3, 4])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_widths_without_norm_or_bias(width, tokens):
