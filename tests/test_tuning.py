@@ -299,14 +299,37 @@ def test_neighbouring_hvs_that_leave_the_point_for_one_variant_share_a_rule_over
     ]
 
 
-def test_retimes_of_disjoint_contenders_fall_back_to_the_first_timings():
+def test_retimes_of_disjoint_contenders_are_weighed_cell_by_cell():
     cells = [
         _cell(512, {"a": 10.0, "b": 10.1, "c": 11.0, "d": 12.0}, {"a": 10.2, "b": 10.0}, HV=32),
         _cell(256, {"a": 10.9, "b": 11.2, "c": 10.0, "d": 10.3}, {"c": 10.0, "d": 10.2}),
     ]
-    # no variant was retimed in both cells: the first timings decide ("a": 4.5% off on average)
+    # Per cell, each variant's mean over the timings that have it; then the mean over the cells:
+    # "a" (1% and 9%) and "c" (10% and 0%) tie at 5%, and "a" is the less behind at worst.
     (point,) = verdicts(cells)
-    assert point.variant == "a" and point.timings == 2
+    assert point.variant == "a" and point.runner_up == "c" and point.timings == 4
+    assert point.mean_gap == pytest.approx(0.05) and point.worst_gap == pytest.approx(0.09)
+
+
+def test_a_retime_of_one_cell_leaves_its_points_other_cells_their_candidates():
+    """HV 4, 8 and 16 share B*HV = 1024. A retime of HV 4 times its contenders "x" and "y" only;
+    "z", 6% behind there, is the fastest at HV 8 and 16 by 5%. The point keeps "z", which then
+    serves the HVs measured at other points, and HV 4 gets "x" by a rule of its own. (Narrowed to
+    the retime's contenders, the point went to "x" for every HV: 5% off at HV 8 and 16.)"""
+    from gdngen.dispatch.measured import head_exceptions
+
+    cells = [
+        _cell(256, {"x": 10.0, "y": 10.1, "z": 10.6}, {"x": 10.0, "y": 10.05}, HV=4),
+        _cell(128, {"x": 21.0, "y": 21.2, "z": 20.0}, HV=8),
+        _cell(64, {"x": 42.0, "y": 42.5, "z": 40.0}, HV=16),
+    ]
+    points = verdicts(cells)
+    (point,) = points
+    assert point.variant == "z" and point.cells == 3 and point.timings == 4
+    assert point.mean_gap == pytest.approx(0.06 / 3)
+    ((heads, _, own, evidence),) = head_exceptions(cells, points)
+    assert (heads.lo, heads.hi, own) == (4, 4, "x")
+    assert "pick z is +6.0% off" in evidence
 
 
 def test_rows_take_the_retimed_verdict(spec):

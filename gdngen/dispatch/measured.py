@@ -4,11 +4,17 @@ A measured cell is (layout, state dtype, T, mode, HV, B) with one or more timing
 candidate variants (:class:`gdngen.tune.tuning_file.Cell`). Within one (layout, dtype, mode, T)
 group the rules are keyed on batch*heads: the measured points become ranges split at the
 geometric midpoint between neighbours, and each range is served by the variant whose mean gap
-to the fastest, over every timing of the cells at that point, is least (with one timing: the
-fastest variant). If a variant's ranking differs between processes or GPUs of one model, each
-timing is one sample of what a deployment gets, and the mean gap estimates what a pick costs on
-average, where one run alone would crown whichever side it happened to see. T values between
-measured ones use the rules of the nearest measured T below.
+to the fastest is least (with one timing: the fastest variant). If a variant's ranking differs
+between processes or GPUs of one model, each timing is one sample of what a deployment gets, and
+the mean gap estimates what a pick costs on average, where one run alone would crown whichever
+side it happened to see. T values between measured ones use the rules of the nearest measured T
+below.
+
+A cell's first timing has every candidate; a ``--retime`` run adds a timing of the cell's
+contenders only (:func:`cell_gaps`). So a variant's gap in a cell is its mean over the cell's
+timings that have it, the point's score the mean of those over the point's cells, and a retime
+of one cell sharpens that cell's evidence without taking the other cells' candidates away. A
+lone cell, as before, goes to a variant timed in every one of its timings.
 
 Cells of different HV can share a batch*heads (HV 4 at B 64, HV 16 at B 16, HV 64 at B 4: the
 tensor-parallel shards of docs/design.md, "Dispatch"), and there one variant need not suit them
@@ -88,24 +94,36 @@ class Verdict:
         )
 
 
-def _comparable(cells: Sequence[MeasuredCell]) -> tuple[list[dict[str, float]], set[str]]:
-    """The timings of ``cells`` that rank their variants, and the variants timed in all of them:
-    every timing, if some variant is in each (a --retime run times a cell's contenders only);
-    else the first timings alone."""
-    timings = [times for cell in cells for times in cell.timings]
-    names = set.intersection(*map(set, timings))
-    if not names:
-        timings = [cell.times_us for cell in cells]
-        names = set.intersection(*map(set, timings))
-    return timings, names
+def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
+    """Each variant of the cell's first timing: its mean gap to the fastest over the cell's
+    timings that have it. A --retime run times the cell's contenders only; a variant it left
+    out keeps the gap of its first timing, where it was not a contender."""
+    gaps = {}
+    for name in cell.times_us:
+        seen = [times[name] / min(times.values()) - 1 for times in cell.timings if name in times]
+        gaps[name] = sum(seen) / len(seen)
+    return gaps
+
+
+def confirmed(cell: MeasuredCell) -> set[str]:
+    """The variants timed in every timing of ``cell`` (all of them without a retime); if the
+    retimes have no contender in common, those of its first timing."""
+    names = set.intersection(*map(set, cell.timings))
+    return names or set(cell.times_us)
+
+
+def _worst_gap(cell: MeasuredCell, name: str) -> float:
+    return max(times[name] / min(times.values()) - 1 for times in cell.timings if name in times)
 
 
 def verdicts(cells: Iterable[MeasuredCell]) -> list[Verdict]:
-    """Per measured B*HV, the variant whose mean gap to the fastest is least over every timing of
-    the cells there (ties: least worst gap, then least summed first-timing time, then name).
+    """Per measured B*HV, the variant whose gap to the fastest is least on average over the
+    cells there, each cell's gap the mean over its timings that have the variant (ties: least
+    worst gap in any of those timings, then least summed first-timing time, then name).
 
-    Only variants timed in all those timings compete (a --retime run times a cell's contenders
-    only); if none is, the first timings alone decide.
+    Candidates are the variants in every cell's first timing; a lone cell's, the variants timed
+    in every one of its timings (:func:`confirmed`): a retime's contenders, so a variant the
+    retime left out cannot win the cell on its first timing alone.
     """
     by_point: dict[int, list[MeasuredCell]] = defaultdict(list)
     for cell in cells:
@@ -113,13 +131,17 @@ def verdicts(cells: Iterable[MeasuredCell]) -> list[Verdict]:
     points = []
     for batch_heads in sorted(by_point):
         at_point = by_point[batch_heads]
-        timings, names = _comparable(at_point)
-        fastest = [min(times.values()) for times in timings]
+        if len(at_point) == 1:
+            names = confirmed(at_point[0])
+        else:
+            names = set.intersection(*(set(cell.times_us) for cell in at_point))
+        gaps = [cell_gaps(cell) for cell in at_point]
 
         def score(name: str) -> tuple[float, float, float, str]:
-            gaps = [times[name] / best - 1 for times, best in zip(timings, fastest)]
+            mean = sum(cell[name] for cell in gaps) / len(gaps)
+            worst = max(_worst_gap(cell, name) for cell in at_point)
             total = sum(cell.times_us[name] for cell in at_point)
-            return sum(gaps) / len(gaps), max(gaps), total, name
+            return mean, worst, total, name
 
         ranked = sorted(score(name) for name in names)
         mean_gap, worst_gap, total, best = ranked[0]
@@ -131,7 +153,7 @@ def verdicts(cells: Iterable[MeasuredCell]) -> list[Verdict]:
                 batch_heads=batch_heads, variant=best, total_us=total, mean_gap=mean_gap,
                 worst_gap=worst_gap,
                 runner_up=runner_up, runner_up_us=next_total, runner_up_gap=next_gap,
-                cells=len(at_point), timings=len(timings),
+                cells=len(at_point), timings=sum(len(cell.timings) for cell in at_point),
             )  # fmt: skip
         )
     return points
@@ -163,15 +185,6 @@ def _spans(points: list[Verdict]) -> list[tuple[Range, str, list[str]]]:
     return [(Range(lo=lo, hi=hi), variant, evidence) for lo, hi, variant, evidence in spans]
 
 
-def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
-    """Each variant's mean gap to the fastest over the cell's timings (see :func:`_comparable`)."""
-    timings, names = _comparable([cell])
-    return {
-        name: sum(times[name] / min(times.values()) - 1 for times in timings) / len(timings)
-        for name in names
-    }
-
-
 def head_exceptions(
     cells: Sequence[MeasuredCell], points: list[Verdict]
 ) -> list[tuple[Range, Range, str, str]]:
@@ -187,8 +200,8 @@ def head_exceptions(
             (c for c in cells if c.batch_heads == point.batch_heads), key=lambda c: c.HV
         ):
             gaps = cell_gaps(cell)
-            own = min(gaps, key=lambda name: (gaps[name], name))
-            off = gaps.get(point.variant, math.inf) - gaps[own]
+            own = min(confirmed(cell), key=lambda name: (gaps[name], name))
+            off = gaps[point.variant] - gaps[own]
             evidence = (
                 f"HV={cell.HV} B={cell.batch}: {cell.times_us[own]:.2f} us, where the "
                 f"B*HV={point.batch_heads} pick {point.variant} is {off:+.1%} off"
