@@ -783,10 +783,10 @@ def test_bad_views(make, exc_type, fragments):
 
 def test_mixed_single_row_odd_stride_names_mixed_qkv():
     # Regression: gdngen/runtime/views.py _split_mixed skips the row-stride check for a dim of size 1
-    # (``lead[dim] > 1``), but check_call's _aligned checks q/k/v's outer strides whatever their
-    # size, so a one-row mixed_qkv whose row stride is not a whole vector (here 8193) is refused
-    # as "q: stride of dim 0 must be a multiple of 8 elements (16 bytes); got 8193": an argument
-    # the caller never passed (views.py promises errors name the caller's argument, mixed_qkv).
+    # (``lead[dim] > 1``), but check_call's require_aligned checks q/k/v's outer strides whatever
+    # their size, so a one-row mixed_qkv whose row stride is not a whole vector (here 8193) is
+    # refused as "q: stride of dim 0 must be a multiple of 8 elements (16 bytes); got 8193": an
+    # argument the caller never passed (views.py promises errors name the caller's argument).
     mixed = torch.zeros(1, WIDTH + 1, dtype=BF16)[:, :WIDTH]
     with pytest.raises(ValueError) as caught:
         views = views_of(mixed_qkv=mixed, a=gates(1), b=gates(1))

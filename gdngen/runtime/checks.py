@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from .arg_checks import (
+    VECTOR_ALIGN,
+    dtype_name,
+    require_aligned,
+    require_contiguous,
+    require_dims,
+    require_dtype,
+    require_inner_contiguous,
+    require_int,
+    require_tensor,
+    shape_text,
+)
+from .conv_checks import ConvPrologue, check_conv
 from .info import TargetInfo
-
-if TYPE_CHECKING:
-    from .conv_checks import ConvPrologue
-    from .norm_checks import GatedNorm
+from .norm_checks import GatedNorm, check_gated_norm
 
 IO_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 GATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -25,8 +34,6 @@ DT_BIAS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 STATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INDEX_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
 LAYOUTS = ("k_last", "v_last")
-#: byte alignment the kernels assume for the base of every vector-loaded tensor
-VECTOR_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -97,94 +104,15 @@ class Call:
         return self.cache or self.per_token_slots
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _shape(tensor: torch.Tensor) -> str:
-    return "[" + ", ".join(str(d) for d in tensor.shape) + "]"
-
-
-def _tensor(name: str, value: object, *, optional: bool = False) -> torch.Tensor | None:
-    if value is None:
-        if optional:
-            return None
-        raise TypeError(f"{name}: expected a torch.Tensor, got None")
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
-    return value
-
-
-def _dtype(name: str, tensor: torch.Tensor, allowed: dict) -> str:
-    if tensor.dtype not in allowed:
-        options = ", ".join(_dtype_name(d) for d in allowed)
-        raise TypeError(f"{name}: expected dtype {options}; got {_dtype_name(tensor.dtype)}")
-    return allowed[tensor.dtype]
-
-
-def _dims(name: str, tensor: torch.Tensor, expected: tuple, meaning: str) -> None:
-    """``expected`` holds ints or None (any size) per dim; ``meaning`` spells the dims."""
-    ok = tensor.dim() == len(expected) and all(
-        want is None or got == want for got, want in zip(tensor.shape, expected)
-    )
-    if not ok:
-        shown = ", ".join("*" if d is None else str(d) for d in expected)
-        raise ValueError(f"{name}: expected shape {meaning} = [{shown}]; got {_shape(tensor)}")
-
-
-def _inner_contiguous(name: str, tensor: torch.Tensor, inner: int, meaning: str) -> None:
-    """The last ``inner`` dims must be dense row-major (outer dims may be strided)."""
-    expected = 1
-    for dim in range(tensor.dim() - 1, tensor.dim() - 1 - inner, -1):
-        if tensor.size(dim) > 1 and tensor.stride(dim) != expected:
-            raise ValueError(
-                f"{name}: its last {inner} dim(s) {meaning} must be contiguous "
-                f"(strides {tuple(tensor.stride())} given); pass .contiguous() or a dense view"
-            )
-        expected *= tensor.size(dim)
-
-
-def _contiguous(name: str, tensor: torch.Tensor) -> None:
-    if not tensor.is_contiguous():
-        raise ValueError(
-            f"{name}: must be contiguous (shape {_shape(tensor)}, strides {tuple(tensor.stride())}); "
-            f"it is written in place, so a copy would silently lose the result"
-        )
-
-
-def _aligned(name: str, tensor: torch.Tensor, elems_per_vector: int, outer_dims: int) -> None:
-    """Base address 16-byte aligned and every outer stride a whole number of vectors."""
-    if tensor.data_ptr() % VECTOR_ALIGN:
-        raise ValueError(
-            f"{name}: data pointer must be {VECTOR_ALIGN}-byte aligned for vector loads; "
-            f"got address {tensor.data_ptr():#x}"
-        )
-    for dim in range(outer_dims):
-        if tensor.stride(dim) % elems_per_vector:
-            raise ValueError(
-                f"{name}: stride of dim {dim} must be a multiple of {elems_per_vector} elements "
-                f"({VECTOR_ALIGN} bytes); got {tensor.stride(dim)}"
-            )
-
-
-def _int_option(name: str, value, lowest: int, highest: int | None, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int ({what}); got {type(value).__name__}")
-    if value < lowest or (highest is not None and value > highest):
-        upper = "" if highest is None else f"..{highest}"
-        raise ValueError(f"{name}: expected {lowest}{upper or ' or more'} ({what}); got {value}")
-    return value
-
-
 def _index_vector(name: str, tensor: torch.Tensor, dtype: torch.dtype, rows: int, meaning: str):
     """A [rows] index tensor in the slots' dtype, dense."""
     if tensor.dtype != dtype:
         raise TypeError(
-            f"{name}: expected dtype {_dtype_name(dtype)} (as initial_state_indices); "
-            f"got {_dtype_name(tensor.dtype)}"
+            f"{name}: expected dtype {dtype_name(dtype)} (as initial_state_indices); "
+            f"got {dtype_name(tensor.dtype)}"
         )
-    _dims(name, tensor, (rows,), meaning)
-    _contiguous(name, tensor)
+    require_dims(name, tensor, (rows,), meaning)
+    require_contiguous(name, tensor)
 
 
 def check_call(
@@ -224,22 +152,26 @@ def check_call(
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first)."""
-    q = _tensor("q", q)
-    k = _tensor("k", k)
-    v = _tensor("v", v)
-    a = _tensor("a", a)
-    b = _tensor("b", b)
-    A_log = _tensor("A_log", A_log)
-    dt_bias = _tensor("dt_bias", dt_bias)
-    state = _tensor("state", state, optional=True)
-    initial_state = _tensor("initial_state", initial_state, optional=True)
-    read_slots = _tensor("initial_state_indices", initial_state_indices, optional=True)
-    write_slots = _tensor("output_state_indices", output_state_indices, optional=True)
-    cache_buffer = _tensor("intermediate_states_buffer", intermediate_states_buffer, optional=True)
-    output = _tensor("output", output, optional=True)
-    cu_seqlens = _tensor("cu_seqlens", cu_seqlens, optional=True)
-    num_accepted = _tensor("num_accepted_tokens", num_accepted_tokens, optional=True)
-    cache_rows = _tensor("intermediate_state_indices", intermediate_state_indices, optional=True)
+    q = require_tensor("q", q)
+    k = require_tensor("k", k)
+    v = require_tensor("v", v)
+    a = require_tensor("a", a)
+    b = require_tensor("b", b)
+    A_log = require_tensor("A_log", A_log)
+    dt_bias = require_tensor("dt_bias", dt_bias)
+    state = require_tensor("state", state, optional=True)
+    initial_state = require_tensor("initial_state", initial_state, optional=True)
+    read_slots = require_tensor("initial_state_indices", initial_state_indices, optional=True)
+    write_slots = require_tensor("output_state_indices", output_state_indices, optional=True)
+    cache_buffer = require_tensor(
+        "intermediate_states_buffer", intermediate_states_buffer, optional=True
+    )
+    output = require_tensor("output", output, optional=True)
+    cu_seqlens = require_tensor("cu_seqlens", cu_seqlens, optional=True)
+    num_accepted = require_tensor("num_accepted_tokens", num_accepted_tokens, optional=True)
+    cache_rows = require_tensor(
+        "intermediate_state_indices", intermediate_state_indices, optional=True
+    )
 
     for flag_name, flag in (
         ("use_qk_l2norm", use_qk_l2norm),
@@ -249,32 +181,32 @@ def check_call(
             raise TypeError(f"{flag_name}: expected a bool, got {type(flag).__name__}")
     if state_layout not in LAYOUTS:
         raise ValueError(f"state_layout: expected one of {LAYOUTS}; got {state_layout!r}")
-    null_slot = _int_option(
+    null_slot = require_int(
         "null_slot", null_slot, -1, None, "slots <= null_slot are padding; -1 or more"
     )
 
     # -- q, k, v, gates: shapes and dtypes ---------------------------------------------------------
     # Dense: [B, T, ...], kernel row n is batch row n. Packed: [1, total_tokens, ...] with
     # cu_seqlens [N + 1]; kernel row n is the n-th sequence, of at most T = max_seqlen tokens.
-    io_dtype = _dtype("q", q, IO_DTYPES)
+    io_dtype = require_dtype("q", q, IO_DTYPES)
     packed = cu_seqlens is not None
     lead = "1, total_tokens" if packed else "B, T"
-    _dims("q", q, (1, None, None, None) if packed else (None,) * 4, f"[{lead}, H, K]")
+    require_dims("q", q, (1, None, None, None) if packed else (None,) * 4, f"[{lead}, H, K]")
     rows, T, H, K = q.shape
     cu_seqlens_dtype = total_tokens = None
     if packed:
         total_tokens = T
-        cu_seqlens_dtype = _dtype("cu_seqlens", cu_seqlens, INDEX_DTYPES)
+        cu_seqlens_dtype = require_dtype("cu_seqlens", cu_seqlens, INDEX_DTYPES)
         if cu_seqlens.dim() != 1 or cu_seqlens.size(0) < 2:
             raise ValueError(
-                f"cu_seqlens: expected shape [N + 1] with N >= 1 sequences; got {_shape(cu_seqlens)}"
+                f"cu_seqlens: expected shape [N + 1] with N >= 1 sequences; got {shape_text(cu_seqlens)}"
             )
-        _contiguous("cu_seqlens", cu_seqlens)
+        require_contiguous("cu_seqlens", cu_seqlens)
         rows = cu_seqlens.size(0) - 1
         if max_seqlen is None:
             T = min(total_tokens, info.max_tokens)
         else:
-            T = _int_option(
+            T = require_int(
                 "max_seqlen", max_seqlen, 1, info.max_tokens,
                 f"the most tokens a sequence of this call has; target {info.name} serves "
                 f"1..{info.max_tokens}",
@@ -286,31 +218,31 @@ def check_call(
     token_dims = (1, total_tokens) if packed else (rows, q.shape[1])
     if k.dtype != q.dtype:
         raise TypeError(
-            f"k: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(k.dtype)}"
+            f"k: expected dtype {dtype_name(q.dtype)} (as q); got {dtype_name(k.dtype)}"
         )
-    _dims("k", k, token_dims + (H, K), f"[{lead}, H, K] (as q)")
+    require_dims("k", k, token_dims + (H, K), f"[{lead}, H, K] (as q)")
     if v.dtype != q.dtype:
         raise TypeError(
-            f"v: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(v.dtype)}"
+            f"v: expected dtype {dtype_name(q.dtype)} (as q); got {dtype_name(v.dtype)}"
         )
-    _dims("v", v, token_dims + (None, None), f"[{lead}, HV, V]")
+    require_dims("v", v, token_dims + (None, None), f"[{lead}, HV, V]")
     HV, V = v.shape[2], v.shape[3]
     if q.shape[0] < 1 or q.shape[1] < 1:
-        raise ValueError(f"q: batch and token counts must be >= 1; got shape {_shape(q)}")
-    gate_dtype = _dtype("a", a, GATE_DTYPES)
-    _dims("a", a, token_dims + (HV,), f"[{lead}, HV]")
+        raise ValueError(f"q: batch and token counts must be >= 1; got shape {shape_text(q)}")
+    gate_dtype = require_dtype("a", a, GATE_DTYPES)
+    require_dims("a", a, token_dims + (HV,), f"[{lead}, HV]")
     if b.dtype != a.dtype:
         raise TypeError(
-            f"b: expected dtype {_dtype_name(a.dtype)} (as a); got {_dtype_name(b.dtype)}"
+            f"b: expected dtype {dtype_name(a.dtype)} (as a); got {dtype_name(b.dtype)}"
         )
-    _dims("b", b, token_dims + (HV,), f"[{lead}, HV]")
+    require_dims("b", b, token_dims + (HV,), f"[{lead}, HV]")
     if A_log.dtype != torch.float32:
-        raise TypeError(f"A_log: expected dtype float32; got {_dtype_name(A_log.dtype)}")
-    _dims("A_log", A_log, (HV,), "[HV]")
-    dt_bias_dtype = _dtype("dt_bias", dt_bias, DT_BIAS_DTYPES)
-    _dims("dt_bias", dt_bias, (HV,), "[HV]")
-    _contiguous("A_log", A_log)
-    _contiguous("dt_bias", dt_bias)
+        raise TypeError(f"A_log: expected dtype float32; got {dtype_name(A_log.dtype)}")
+    require_dims("A_log", A_log, (HV,), "[HV]")
+    dt_bias_dtype = require_dtype("dt_bias", dt_bias, DT_BIAS_DTYPES)
+    require_dims("dt_bias", dt_bias, (HV,), "[HV]")
+    require_contiguous("A_log", A_log)
+    require_contiguous("dt_bias", dt_bias)
 
     if not info.serves_geometry(H, HV, K, V):
         served = info.served_geometries()
@@ -340,10 +272,10 @@ def check_call(
         ("k", k, 2, "[H, K]"),
         ("v", v, 2, "[HV, V]"),
     ):
-        _inner_contiguous(name, tensor, inner, meaning)
-        _aligned(name, tensor, VECTOR_ALIGN // tensor.element_size(), outer_dims=2)
-    _inner_contiguous("a", a, 1, "[HV]")
-    _inner_contiguous("b", b, 1, "[HV]")
+        require_inner_contiguous(name, tensor, inner, meaning)
+        require_aligned(name, tensor, VECTOR_ALIGN // tensor.element_size(), outer_dims=2)
+    require_inner_contiguous("a", a, 1, "[HV]")
+    require_inner_contiguous("b", b, 1, "[HV]")
 
     # -- the state: a dense per-row state, or a pool with slot indices ---------------------------
     if (state is None) == (initial_state is None):
@@ -354,10 +286,10 @@ def check_call(
         )
     pool_name = "state" if state is not None else "initial_state"
     pool = state if state is not None else initial_state
-    state_dtype = _dtype(pool_name, pool, STATE_DTYPES)
+    state_dtype = require_dtype(pool_name, pool, STATE_DTYPES)
     head_dims = (V, K) if state_layout == "k_last" else (K, V)
     head_meaning = "[V, K]" if state_layout == "k_last" else "[K, V]"
-    _dims(
+    require_dims(
         pool_name,
         pool,
         (None, HV) + head_dims,
@@ -373,15 +305,15 @@ def check_call(
             f"{pool_name}: a {state_layout} {state_dtype} state is not served by target "
             f"{info.name} (it serves {served}). {info.add_to_spec(what)}"
         )
-    _inner_contiguous(pool_name, pool, 3, f"[HV, {head_meaning[1:-1]}]")
+    require_inner_contiguous(pool_name, pool, 3, f"[HV, {head_meaning[1:-1]}]")
     if pool.size(0) > 1 and pool.stride(0) < HV * V * K:
         raise ValueError(
             f"{pool_name}: slots overlap (stride of dim 0 is {pool.stride(0)}, one slot holds "
             f"{HV * V * K} elements)"
         )
-    _aligned(pool_name, pool, VECTOR_ALIGN // pool.element_size(), outer_dims=1)
+    require_aligned(pool_name, pool, VECTOR_ALIGN // pool.element_size(), outer_dims=1)
     if pool.size(0) < 1:
-        raise ValueError(f"{pool_name}: the pool is empty (shape {_shape(pool)})")
+        raise ValueError(f"{pool_name}: the pool is empty (shape {shape_text(pool)})")
 
     rows_meaning = "[N] (one per sequence)" if packed else "[B]"
     index_dtype = None
@@ -398,11 +330,11 @@ def check_call(
             what = "sequence" if packed else "batch row"
             raise ValueError(
                 f"{pool_name}: without initial_state_indices the state is per {what}, so its "
-                f"dim 0 must be {'N' if packed else 'B'}={rows}; got {_shape(pool)}"
+                f"dim 0 must be {'N' if packed else 'B'}={rows}; got {shape_text(pool)}"
             )
         null_slot = -1  # a dense state has no padding rows
     else:
-        index_dtype = _dtype("initial_state_indices", read_slots, INDEX_DTYPES)
+        index_dtype = require_dtype("initial_state_indices", read_slots, INDEX_DTYPES)
         if index_dtype not in info.index_dtypes:
             raise TypeError(
                 f"initial_state_indices: target {info.name} was generated for "
@@ -411,12 +343,14 @@ def check_call(
         per_token_slots = read_slots.dim() == 2
         if per_token_slots:
             # A per-token table [N, 1 + S]: column t receives the state after token t.
-            _dims("initial_state_indices", read_slots, (rows, None), "[N, 1 + S] (per-token slots)")
+            require_dims(
+                "initial_state_indices", read_slots, (rows, None), "[N, 1 + S] (per-token slots)"
+            )
             columns = read_slots.size(1)
             if columns < T:
                 raise ValueError(
                     f"initial_state_indices: a per-token table needs a column per token, 1 + S >= "
-                    f"T={T}; got {_shape(read_slots)} (plain multi-token decode passes [N] indices)"
+                    f"T={T}; got {shape_text(read_slots)} (plain multi-token decode passes [N] indices)"
                 )
             if columns > 1 and read_slots.stride(1) != 1:
                 raise ValueError(
@@ -434,21 +368,21 @@ def check_call(
                     "num_accepted_tokens", num_accepted, read_slots.dtype, rows, rows_meaning
                 )
         else:
-            _dims("initial_state_indices", read_slots, (rows,), rows_meaning)
-            _contiguous("initial_state_indices", read_slots)
+            require_dims("initial_state_indices", read_slots, (rows,), rows_meaning)
+            require_contiguous("initial_state_indices", read_slots)
             if num_accepted is not None:
                 raise ValueError(
                     "num_accepted_tokens: needs per-token slots, initial_state_indices of shape "
-                    f"[N, 1 + S]; got {_shape(read_slots)}"
+                    f"[N, 1 + S]; got {shape_text(read_slots)}"
                 )
             if write_slots is not None:
                 if write_slots.dtype != read_slots.dtype:
                     raise TypeError(
-                        f"output_state_indices: expected dtype {_dtype_name(read_slots.dtype)} "
-                        f"(as initial_state_indices); got {_dtype_name(write_slots.dtype)}"
+                        f"output_state_indices: expected dtype {dtype_name(read_slots.dtype)} "
+                        f"(as initial_state_indices); got {dtype_name(write_slots.dtype)}"
                     )
-                _dims("output_state_indices", write_slots, (rows,), rows_meaning)
-                _contiguous("output_state_indices", write_slots)
+                require_dims("output_state_indices", write_slots, (rows,), rows_meaning)
+                require_contiguous("output_state_indices", write_slots)
 
     # -- intermediate states and output ----------------------------------------------------------
     if cache_rows is not None and cache_buffer is None:
@@ -458,14 +392,14 @@ def check_call(
     if cache_buffer is not None:
         if cache_buffer.dtype != pool.dtype:
             raise TypeError(
-                f"intermediate_states_buffer: expected dtype {_dtype_name(pool.dtype)} (as the "
-                f"state); got {_dtype_name(cache_buffer.dtype)}"
+                f"intermediate_states_buffer: expected dtype {dtype_name(pool.dtype)} (as the "
+                f"state); got {dtype_name(cache_buffer.dtype)}"
             )
         if cache_rows is not None:
             _index_vector(
                 "intermediate_state_indices", cache_rows, read_slots.dtype, rows, rows_meaning
             )
-        _dims(
+        require_dims(
             "intermediate_states_buffer",
             cache_buffer,
             (None if cache_rows is not None else rows, None, HV) + head_dims,
@@ -477,26 +411,22 @@ def check_call(
                 f"intermediate_states_buffer: cache_steps (dim 1) must be >= T={T}; "
                 f"got {cache_buffer.size(1)}"
             )
-        _contiguous("intermediate_states_buffer", cache_buffer)
-        _aligned("intermediate_states_buffer", cache_buffer, 1, outer_dims=0)
+        require_contiguous("intermediate_states_buffer", cache_buffer)
+        require_aligned("intermediate_states_buffer", cache_buffer, 1, outer_dims=0)
 
     if output is not None:
         if output.dtype != q.dtype:
             raise TypeError(
-                f"output: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(output.dtype)}"
+                f"output: expected dtype {dtype_name(q.dtype)} (as q); got {dtype_name(output.dtype)}"
             )
-        _dims("output", output, token_dims + (HV, V), f"[{lead}, HV, V]")
-        _contiguous("output", output)
-        _aligned("output", output, 1, outer_dims=0)
-
-    from .norm_checks import check_gated_norm  # it builds on this module's helpers
+        require_dims("output", output, token_dims + (HV, V), f"[{lead}, HV, V]")
+        require_contiguous("output", output)
+        require_aligned("output", output, 1, outer_dims=0)
 
     norm = check_gated_norm(
         info, z=z, norm_weight=norm_weight, norm_eps=norm_eps, norm_activation=norm_activation,
         q=q, token_dims=token_dims, lead=lead, HV=HV, V=V,
     )  # fmt: skip
-    from .conv_checks import check_conv
-
     conv = check_conv(
         info, conv_state=conv_state, conv_weight=conv_weight, conv_bias=conv_bias,
         conv_activation=conv_activation, q=q, pool=pool, pool_name=pool_name, H=H, K=K, HV=HV,

@@ -13,7 +13,8 @@ from types import ModuleType
 
 from gdngen.terms import kernel_serves_head_dims
 
-from .checks import VECTOR_ALIGN, Call
+from .arg_checks import VECTOR_ALIGN
+from .checks import Call
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 

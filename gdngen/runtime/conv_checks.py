@@ -36,7 +36,7 @@ import torch
 
 from gdngen.terms import CONV_ACTIVATIONS
 
-from .checks import _aligned, _dims, _dtype_name, _shape, _tensor
+from .arg_checks import dtype_name, require_aligned, require_dims, require_tensor, shape_text
 from .info import TargetInfo
 
 
@@ -97,13 +97,13 @@ def check_conv(
     ):
         if given is None:
             raise ValueError(f"{name}: the conv1d prologue needs conv_state and conv_weight")
-    conv_state = _tensor("conv_state", conv_state)
-    conv_weight = conv_weight_view(_tensor("conv_weight", conv_weight))
+    conv_state = require_tensor("conv_state", conv_state)
+    conv_weight = conv_weight_view(require_tensor("conv_weight", conv_weight))
     channels = 2 * H * K + HV * V
     if conv_weight.dim() != 2 or conv_weight.size(0) != channels:
         raise ValueError(
             f"conv_weight: expected [D, W] or [D, 1, W] with D = 2*H*K + HV*V = {channels}; "
-            f"got {_shape(conv_weight)}"
+            f"got {shape_text(conv_weight)}"
         )
     width = conv_weight.size(1)
     if width not in info.conv1d_widths:
@@ -115,8 +115,8 @@ def check_conv(
     for name, tensor in (("conv_state", conv_state), ("conv_weight", conv_weight)):
         if tensor.dtype != q.dtype:
             raise TypeError(
-                f"{name}: expected dtype {_dtype_name(q.dtype)} (as q); got "
-                f"{_dtype_name(tensor.dtype)}"
+                f"{name}: expected dtype {dtype_name(q.dtype)} (as q); got "
+                f"{dtype_name(tensor.dtype)}"
             )
     kept = width - 1
     columns = kept if per_token_tokens is None else kept - 1 + per_token_tokens
@@ -124,7 +124,7 @@ def check_conv(
         needs = f"W - 1 = {kept} or more"
     else:
         needs = f"W - 2 + (1 + S) = {columns} or more, with per-token slots"
-    _dims(
+    require_dims(
         "conv_state", conv_state, (pool.size(0), channels, None),
         f"[slots, D, columns] with {pool.size(0)} slots (as {pool_name}), D = {channels}, "
         f"columns {needs}",
@@ -132,7 +132,7 @@ def check_conv(
     if conv_state.size(2) < columns:
         raise ValueError(
             f"conv_state: expected [slots, D, columns] with columns {needs}; got "
-            f"{_shape(conv_state)}"
+            f"{shape_text(conv_state)}"
         )
     held = conv_state.size(2)
     inner = conv_state.stride()[1:]
@@ -150,18 +150,18 @@ def check_conv(
         raise ValueError(
             f"conv_weight: must be contiguous; got strides {tuple(conv_weight.stride())}"
         )
-    _aligned("conv_weight", conv_weight, 1, outer_dims=0)
+    require_aligned("conv_weight", conv_weight, 1, outer_dims=0)
     if conv_bias is not None:
-        conv_bias = _tensor("conv_bias", conv_bias)
+        conv_bias = require_tensor("conv_bias", conv_bias)
         if conv_bias.dtype != q.dtype:
             raise TypeError(
-                f"conv_bias: expected dtype {_dtype_name(q.dtype)} (as q); got "
-                f"{_dtype_name(conv_bias.dtype)}"
+                f"conv_bias: expected dtype {dtype_name(q.dtype)} (as q); got "
+                f"{dtype_name(conv_bias.dtype)}"
             )
-        _dims("conv_bias", conv_bias, (channels,), f"[D] with D = {channels}")
+        require_dims("conv_bias", conv_bias, (channels,), f"[D] with D = {channels}")
         if conv_bias.stride(0) != 1:
             raise ValueError(f"conv_bias: must be contiguous; got stride {conv_bias.stride(0)}")
-        _aligned("conv_bias", conv_bias, 1, outer_dims=0)
+        require_aligned("conv_bias", conv_bias, 1, outer_dims=0)
     if conv_activation not in CONV_ACTIVATIONS:
         raise ValueError(
             f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
@@ -193,14 +193,14 @@ def _check_windows(windows, cache_buffer, q, channels: int, kept: int) -> torch.
             f"accepted token; pass intermediate_conv_windows {meaning} (R and cache_steps as "
             "the buffer's)"
         )
-    windows = _tensor("intermediate_conv_windows", windows)
+    windows = require_tensor("intermediate_conv_windows", windows)
     if windows.dtype != q.dtype:
         raise TypeError(
-            f"intermediate_conv_windows: expected dtype {_dtype_name(q.dtype)} (as q); got "
-            f"{_dtype_name(windows.dtype)}"
+            f"intermediate_conv_windows: expected dtype {dtype_name(q.dtype)} (as q); got "
+            f"{dtype_name(windows.dtype)}"
         )
     rows, steps = cache_buffer.shape[:2]
-    _dims(
+    require_dims(
         "intermediate_conv_windows", windows, (rows, steps, channels, kept),
         f"[R, cache_steps, D, W - 1] with R = {rows} and cache_steps = {steps} (as "
         f"intermediate_states_buffer), D = {channels}, W - 1 = {kept}",

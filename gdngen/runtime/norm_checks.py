@@ -16,7 +16,15 @@ import torch
 
 from gdngen.terms import NORM_ACTIVATIONS
 
-from .checks import VECTOR_ALIGN, _aligned, _dims, _dtype, _dtype_name, _inner_contiguous, _tensor
+from .arg_checks import (
+    VECTOR_ALIGN,
+    dtype_name,
+    require_aligned,
+    require_dims,
+    require_dtype,
+    require_inner_contiguous,
+    require_tensor,
+)
 from .info import TargetInfo
 
 NORM_WEIGHT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -58,20 +66,20 @@ def check_gated_norm(
             raise ValueError(
                 f"{name}: the gated RMSNorm needs both z and norm_weight; got {other} only"
             )
-    z = _tensor("z", z)
-    norm_weight = _tensor("norm_weight", norm_weight)
+    z = require_tensor("z", z)
+    norm_weight = require_tensor("norm_weight", norm_weight)
     if z.dtype != q.dtype:
         raise TypeError(
-            f"z: expected dtype {_dtype_name(q.dtype)} (as q); got {_dtype_name(z.dtype)}"
+            f"z: expected dtype {dtype_name(q.dtype)} (as q); got {dtype_name(z.dtype)}"
         )
-    _dims("z", z, token_dims + (HV, V), f"[{lead}, HV, V] (as the output)")
-    _inner_contiguous("z", z, 2, "[HV, V]")
-    _aligned("z", z, VECTOR_ALIGN // z.element_size(), outer_dims=2)
-    weight_dtype = _dtype("norm_weight", norm_weight, NORM_WEIGHT_DTYPES)
-    _dims("norm_weight", norm_weight, (V,), "[V]")
+    require_dims("z", z, token_dims + (HV, V), f"[{lead}, HV, V] (as the output)")
+    require_inner_contiguous("z", z, 2, "[HV, V]")
+    require_aligned("z", z, VECTOR_ALIGN // z.element_size(), outer_dims=2)
+    weight_dtype = require_dtype("norm_weight", norm_weight, NORM_WEIGHT_DTYPES)
+    require_dims("norm_weight", norm_weight, (V,), "[V]")
     if norm_weight.stride(0) != 1:
         raise ValueError(f"norm_weight: must be contiguous; got stride {norm_weight.stride(0)}")
-    _aligned("norm_weight", norm_weight, 1, outer_dims=0)
+    require_aligned("norm_weight", norm_weight, 1, outer_dims=0)
     for name, tensor in (("z", z), ("norm_weight", norm_weight)):
         if tensor.device != q.device:
             raise ValueError(f"{name}: expected a tensor on {q.device} (as q); got {tensor.device}")

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import IO_DTYPES, VECTOR_ALIGN, _dtype, _shape, _tensor
+from .arg_checks import VECTOR_ALIGN, require_dtype, require_tensor, shape_text
+from .checks import IO_DTYPES
 from .info import TargetInfo
 
 #: (target name, row width, HV) -> (H, K, HV, V), for the geometry a mixed_qkv width names
@@ -80,14 +81,14 @@ def mixed_geometry(info: TargetInfo, width: int, HV: int) -> tuple[int, int, int
 
 
 def _split_mixed(info: TargetInfo, mixed: torch.Tensor, HV: int, packed: bool):
-    _dtype("mixed_qkv", mixed, IO_DTYPES)
+    require_dtype("mixed_qkv", mixed, IO_DTYPES)
     if mixed.dim() not in (2, 3) or (packed and mixed.dim() == 3 and mixed.size(0) != 1):
         form = (
             "[total_tokens, width] or [1, total_tokens, width]"
             if packed
             else ("[B, width] (one token per row) or [B, T, width]")
         )
-        raise ValueError(f"mixed_qkv: expected shape {form}; got {_shape(mixed)}")
+        raise ValueError(f"mixed_qkv: expected shape {form}; got {shape_text(mixed)}")
     H, K, HV, V = mixed_geometry(info, mixed.size(-1), HV)
     if mixed.size(-1) > 1 and mixed.stride(-1) != 1:
         raise ValueError(
@@ -124,21 +125,21 @@ def kernel_views(
     """q, k, v, a, b and output as the kernel takes them (see the module docstring)."""
     packed = cu_seqlens is not None
     token_dim = 0 if packed else 1  # the dim a one-dim token form lacks
-    a = _tensor("a", a)
-    b = _tensor("b", b)
+    a = require_tensor("a", a)
+    b = require_tensor("b", b)
     if mixed_qkv is not None:
-        mixed = _tensor("mixed_qkv", mixed_qkv)
+        mixed = require_tensor("mixed_qkv", mixed_qkv)
         given = [name for name, t in (("q", q), ("k", k), ("v", v)) if t is not None]
         if given:
             raise ValueError(f"{'/'.join(given)}: pass q, k, v or mixed_qkv, not both")
         q, k, v = _split_mixed(info, mixed, a.size(-1), packed)
         flat = mixed.dim() == 2
     else:
-        q = _tensor("q", q)
+        q = require_tensor("q", q)
         flat = q.dim() == 3
         if flat:
-            k = _tensor("k", k)
-            v = _tensor("v", v)
+            k = require_tensor("k", k)
+            v = require_tensor("v", v)
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     if a.dim() == 2:
         a = a.unsqueeze(token_dim)
@@ -146,7 +147,7 @@ def kernel_views(
         b = b.unsqueeze(token_dim)
     squeeze = token_dim if packed and flat else None
     if output is not None:
-        output = _tensor("output", output)
+        output = require_tensor("output", output)
         if output.dim() == 3:
             output = output.unsqueeze(token_dim)
             squeeze = token_dim
