@@ -310,6 +310,30 @@ def test_the_call_key_changes_with_what_the_kernel_does_not_check():
         _key(q=[1, 2])
 
 
+def _packed_key(total: int, max_seqlen, sequences: int = 1):
+    from gdngen.problem import PackedProblem
+
+    args = PackedProblem(sequences=sequences, tokens=1, HV=32, slots="row").make("cpu")
+    for name in ("q", "k", "v"):
+        args[name] = args[name][:, :1].expand(1, total, *args[name].shape[2:])
+    for name in ("a", "b"):
+        args[name] = args[name][:, :1].expand(1, total, -1)
+    args.update(max_seqlen=max_seqlen, output=None, output_state_indices=None)
+    args.setdefault("state", None)
+    args.setdefault("intermediate_states_buffer", None)
+    return call_key(**{k: v for k, v in args.items() if k != "state_layout"}, state_layout="k_last")
+
+
+def test_a_packed_call_without_max_seqlen_is_known_by_its_total():
+    """Without max_seqlen a packed call's T is its total token count, up to the target's most:
+    two calls of one sequence with 2 and 3 tokens need kernels of T = 2 and T = 3, so their
+    signatures differ. With max_seqlen the total is the kernel's run-time business."""
+    assert _packed_key(2, None) != _packed_key(3, None)
+    assert _packed_key(2, None) == _packed_key(2, None)
+    assert _packed_key(2, 4) == _packed_key(3, 4)
+    assert _packed_key(2, 4) != _packed_key(2, 3)
+
+
 @pytest.mark.parametrize(
     "options,message",
     [

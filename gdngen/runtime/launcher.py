@@ -80,7 +80,9 @@ def call_key(
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
     then say which. A packed call's total token count is not part of it (every call has its own;
-    the kernel checks that q, k, v, a, b and the output agree on it)."""
+    the kernel checks that q, k, v, a, b and the output agree on it), except where the call gives
+    no ``max_seqlen``: its T is then the total, up to the target's most (check_call), and the
+    total is part of it."""
     pool = state if state is not None else initial_state
     if cu_seqlens is None:
         dims = (q.shape, v.shape)
@@ -93,6 +95,7 @@ def call_key(
             cu_seqlens.get_device(),
             type(max_seqlen),
             max_seqlen,
+            q.shape[1] if max_seqlen is None else None,
         )
     return (
         dims, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,

@@ -186,6 +186,20 @@ def test_one_kernel_serves_every_length_pattern():
     assert compiled_count() == before
 
 
+def test_a_packed_call_without_max_seqlen_takes_its_total_as_t():
+    """One sequence of 2, then 3, then 2 tokens through one call object and no max_seqlen: each
+    call's T is its total, so the signature the first call left must not serve the second."""
+    for tokens in (2, 3, 2):
+        problem = PackedProblem(sequences=1, tokens=tokens, slots="row", seed=50 + tokens)
+        args = problem.make("cuda")
+        del args["max_seqlen"]
+        pool_before = args["initial_state"].clone()
+        out, pool = h200.gdn_decode(**args)
+        torch.cuda.synchronize()
+        expected = expected_of(args, problem, pool_before, None)
+        check_against(expected, out, pool, None, problem, pool_before, None)
+
+
 def test_bad_engine_inputs_are_named_before_launch():
     problem = PackedProblem(sequences=4, tokens=4, null_slot=0, seed=40)
     args = problem.make("cuda")
