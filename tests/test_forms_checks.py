@@ -513,6 +513,25 @@ def test_forms_give_distinct_compile_keys():
     assert len(keys) == 8
 
 
+def test_the_shapes_pick_uniform_rows_and_an_exact_slot_table():
+    """N sequences in N * max_seqlen tokens are uniform (none is longer than max_seqlen), so
+    their tokens are placed without cu_seqlens; a per-token table of exactly max_seqlen columns
+    is loaded whole beside num_accepted_tokens. Anything else keeps the general kernel."""
+    uniform = key(check(packed([3, 3, 3], max_seqlen=3)))
+    assert uniform.uniform_rows and not uniform.exact_slot_table
+    for seqlens, max_seqlen in (([3, 2, 3], 3), ([3, 3, 3], 4), ([3, 0, 3], 3)):
+        assert not key(check(packed(seqlens, max_seqlen=max_seqlen))).uniform_rows, seqlens
+    assert not key(check(dense(T=3))).uniform_rows  # dense rows are placed by shape anyway
+    slots = ints([[1, 2, 3], [4, 5, 6]])
+    spec = dict(initial_state_indices=slots, num_accepted_tokens=ints([1, 3]))
+    exact = key(check(packed([3, 3], max_seqlen=3, **spec)))
+    assert exact.uniform_rows and exact.exact_slot_table
+    wide = key(check(packed([2, 2], max_seqlen=2, **spec)))  # 1 + S = 3 > T = 2
+    assert wide.uniform_rows and not wide.exact_slot_table
+    assert key(check(table(initial_state_indices=ints([[1, 2], [3, 4]])))).exact_slot_table
+    assert not key(check(table())).exact_slot_table  # [2, 3] at T = 2
+
+
 # -- kernel_views: mixed_qkv and the flat packed forms -----------------------------------------------
 
 

@@ -5,6 +5,7 @@ rows, no final write)."""
 
 import dataclasses
 import importlib
+import re
 
 import pytest
 
@@ -58,3 +59,24 @@ def test_forms_are_compile_keys():
     for form in FORMS.values():
         assert dataclasses.replace(plain, **form) != plain
     assert plain.null_slot == -1 and not plain.packed
+
+
+def _scalar_loads(tmp_path, **changes) -> int:
+    variant = "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90"
+    module = importlib.import_module(f"generated.h200.kernels.{variant}")
+    folder = tmp_path / "_".join(sorted(changes)) if changes else tmp_path / "plain"
+    key = CompileKey(variant=variant, arch="sm_90a", **dict(BASE, **FORMS["vllm_spec"], **changes))
+    compile_kernel(module, key, dump_dir=folder)
+    ptx = next(folder.glob("*.ptx")).read_text()
+    return len(re.findall(r"\bld\.global(?:\.\w+)*\.[bsu](?:32|64)\s", ptx))
+
+
+def test_uniform_rows_and_an_exact_table_take_the_index_loads_off_the_path(tmp_path):
+    """vLLM's spec form at T = 4: uniform rows read no cu_seqlens (its two loads a sequence go),
+    and an exact table loads its T columns once, beside num_accepted_tokens, where the general
+    kernel loads the initial slot after it and a slot again before each token's state store
+    (one load fewer in all). docs/perf/h100-2026-11-26-spec-chains.md has what they cost."""
+    plain = _scalar_loads(tmp_path)
+    assert _scalar_loads(tmp_path, uniform_rows=True) == plain - 2
+    assert _scalar_loads(tmp_path, exact_slot_table=True) == plain - 1
+    assert _scalar_loads(tmp_path, uniform_rows=True, exact_slot_table=True) == plain - 3

@@ -35,7 +35,8 @@ OTHER_VALUES = dict(
     V=256, io_dtype="fp16", gate_dtype="fp32", dt_bias_dtype="bf16", state_dtype="fp32",
     index_dtype="int64", separate_write_slots=True, cache=True, write_final_state=False,
     use_qk_l2norm=False, null_slot=0, cu_seqlens_dtype="int32", per_token_slots=True,
-    num_accepted=True, cache_rows=True, norm_activation="sigmoid", norm_weight_dtype="fp32",
+    num_accepted=True, cache_rows=True, uniform_rows=True, exact_slot_table=True,
+    norm_activation="sigmoid", norm_weight_dtype="fp32",
     conv_width=4, conv_bias=True, conv_activation="identity",
 )  # fmt: skip
 

@@ -11,7 +11,7 @@ conversion below that work, so the state's load is in flight while it runs.
 from __future__ import annotations
 
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -22,6 +22,23 @@ def hold_until_here(tile: cute.Tensor) -> None:
     words = cute.recast_tensor(tile, Int32)  # as loaded: 16-bit halves would need unpacking
     for i in range(cute.size(words)):  # unrolled at trace time
         words[i] = _opaque(words[i])
+
+
+def opaque(value):
+    """A 32- or 64-bit integer ``value`` through an empty volatile inline asm (see ``_opaque``):
+    the same number, which no use can see through to how it was loaded."""
+    if isinstance(value, Int64):
+        return _opaque64(value)
+    return _opaque(value)
+
+
+@dsl_user_op
+def _opaque64(word, *, loc=None, ip=None):
+    held = llvm.inline_asm(
+        Int64.mlir_type, [Int64(word).ir_value(loc=loc, ip=ip)], "", "=l,0",
+        has_side_effects=True, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Int64(held)
 
 
 @dsl_user_op

@@ -30,7 +30,8 @@ def decode_launcher(
     """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
     cu_seqlens, cache_rows, out, cache, z, norm_weight, conv_state, conv_weight, conv_bias,
     conv_arrivals, conv_windows, scale, norm_eps, T, use_qk_l2norm, write_final_state, null_slot,
-    per_token_slots, norm_activation, conv_activation, stream)`` for ``decode_kernel``;
+    per_token_slots, uniform_rows, exact_slot_table, norm_activation, conv_activation, stream)``
+    for ``decode_kernel``;
     ``gated_norm``: whether the kernel has the stepwise solve, and so the gated RMSNorm epilogue
     (``z`` and ``norm_weight`` None without it) and the conv1d prologue (``conv_*`` None without
     it; ``conv_windows`` None without the verify cache as well); with ``min_ctas_per_sm``, launch bounds that fit that
@@ -68,6 +69,8 @@ def decode_launcher(
         write_final_state: Constexpr[bool],
         null_slot: Constexpr[int],
         per_token_slots: Constexpr[bool],
+        uniform_rows: Constexpr[bool],
+        exact_slot_table: Constexpr[bool],
         norm_activation: Constexpr[str],
         conv_activation: Constexpr[str],
         stream,
@@ -103,8 +106,9 @@ def decode_launcher(
         kernel = decode_kernel(
             q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
             cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state,
-            null_slot, per_token_slots, z, norm_weight, norm_eps, norm_activation, conv_state,
-            conv_weight, conv_bias, conv_arrivals, conv_windows, conv_activation,
+            null_slot, per_token_slots, uniform_rows, exact_slot_table, z, norm_weight, norm_eps,
+            norm_activation, conv_state, conv_weight, conv_bias, conv_arrivals, conv_windows,
+            conv_activation,
         )  # fmt: skip
         rows = q.shape[0]
         if cutlass.const_expr(cu_seqlens is not None):

@@ -29,16 +29,25 @@ from dataclasses import dataclass
 import cutlass
 from cutlass import Int32, Int64
 
+from .hold import opaque
+
 
 def _clamp(value, lo, hi):
     return cutlass.max(cutlass.min(value, hi), lo)
 
 
-def row_tokens(n64, T: int, cu_seqlens, total_tokens):
-    """``(batch_row, token_at, token_live)``: the index of dim 0 and T (position, live) pairs."""
+def row_tokens(n64, T: int, cu_seqlens, total_tokens, uniform: bool = False):
+    """``(batch_row, token_at, token_live)``: the index of dim 0 and T (position, live) pairs.
+    ``uniform``: packed rows of T tokens each (CompileKey.uniform_rows), placed without reading
+    cu_seqlens."""
     if cu_seqlens is None:
         # Dense rows: token t of row n sits at [n, t]; all T are live (a constant true).
         return n64, list(range(T)), [Int64(t) < Int64(T) for t in range(T)]
+    if uniform:
+        # N sequences in N * T tokens, none longer than T: each has T, sequence n's from n * T.
+        # No position waits for a load (docs/perf/h100-2026-11-26-spec-chains.md).
+        first = n64 * T
+        return Int64(0), [first + t for t in range(T)], [Int64(t) < Int64(T) for t in range(T)]
     # The span is bounded to the buffer once, whatever cu_seqlens holds (its values are checked
     # on request only); then a position is a 32-bit min and an add. Every token's loads wait for
     # these: a select and a 64-bit clamp per token put ~280 more instructions before them at
@@ -68,16 +77,39 @@ class RowSlots:
     write: object  # Int64 slot the final state goes to (the read slot without separate slots)
     owned: object  # Boolean: the slots are live and in the pool
     padded: object  # Boolean: a slot is padding (zero output), not a bad index (NaN output)
+    #: a per-token table of exactly T columns: every column, loaded up front (token_slot)
+    columns: list | None = None
 
 
 def row_slots(
-    n64, read_slots, write_slots, num_accepted, per_token_slots: bool, null_slot: int, pool_size
-) -> RowSlots:
-    """The row's state slots (see the module docstring)."""
+    n64, read_slots, write_slots, num_accepted, per_token_slots: bool, null_slot: int, pool_size,
+    exact_table_tokens: int = 0,
+) -> RowSlots:  # fmt: skip
+    """The row's state slots (see the module docstring). ``exact_table_tokens``: T where the
+    per-token table has exactly T columns (CompileKey.exact_slot_table), else 0."""
     if read_slots is None:
         # A dense state: row n uses slot n, which the checks made sure exists.
         owned = (n64 >= 0) & (n64 < pool_size)
         return RowSlots(read=n64, write=n64, owned=owned, padded=n64 < 0)
+    if per_token_slots and exact_table_tokens:
+        # Every column is loaded beside num_accepted_tokens, and the initial slot picked among
+        # them: no load waits for another. Held opaque, the columns cannot be folded back into
+        # one load at column num_accepted - 1 (which would wait for num_accepted again).
+        T = exact_table_tokens
+        columns = [Int64(opaque(read_slots[n64, c])) for c in range(T)]
+        column = Int64(0)
+        if num_accepted is not None:
+            column = Int64(num_accepted[n64]) - 1
+        read = columns[0]
+        for c in range(1, T):
+            read = cutlass.select_(column == c, columns[c], read)
+        column_ok = (column >= 0) & (column < T)
+        live = read > null_slot
+        owned = column_ok & live & (read < pool_size)
+        return RowSlots(
+            read=read, write=read, owned=owned, padded=column_ok & (read <= null_slot),
+            columns=columns,
+        )  # fmt: skip
     if per_token_slots:
         # A [N, 1 + S] table: the initial state is in column num_accepted - 1 (column 0 without
         # num_accepted_tokens); the state after token t goes to column t (token_slot).
@@ -99,10 +131,10 @@ def row_slots(
     return RowSlots(read=read, write=write, owned=owned, padded=padded)
 
 
-def token_slot(n64, t: int, read_slots, null_slot: int, pool_size):
-    """``(slot, ok)``: the per-token table's slot for the state after token t; ``ok`` when it is
-    neither padding nor past the pool."""
-    slot = Int64(read_slots[n64, t])
+def token_slot(n64, t: int, read_slots, null_slot: int, pool_size, columns=None):
+    """``(slot, ok)``: the per-token table's slot for the state after token t (from ``columns``
+    where row_slots loaded them all); ``ok`` when it is neither padding nor past the pool."""
+    slot = columns[t] if columns is not None else Int64(read_slots[n64, t])
     return slot, (slot > null_slot) & (slot < pool_size)
 
 

@@ -98,6 +98,18 @@ class Call:
         return self.cu_seqlens is not None
 
     @property
+    def uniform_rows(self) -> bool:
+        """A packed call whose N sequences hold N * T tokens: as no sequence is longer than T,
+        every one has T, and sequence n's tokens are at n * T (the kernel reads no cu_seqlens)."""
+        return self.packed and self.total_tokens == self.batch * self.tokens
+
+    @property
+    def exact_slot_table(self) -> bool:
+        """A per-token slot table of exactly T columns (vLLM's [N, 1 + S] at T = 1 + S): the
+        kernel loads every column beside num_accepted_tokens instead of after it."""
+        return self.per_token_slots and self.read_slots.shape[1] == self.tokens
+
+    @property
     def stores_token_states(self) -> bool:
         """The call stores the state after every token (cache buffer or per-token slots): the
         dispatch's ``intermediate: yes``."""

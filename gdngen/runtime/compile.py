@@ -48,6 +48,12 @@ class CompileKey:
     per_token_slots: bool = False
     num_accepted: bool = False
     cache_rows: bool = False
+    #: shapes that fix where a row's tokens and slots are, without reading an index (docs/design.md,
+    #: "Call forms"): a packed call of N sequences and N * T tokens has T tokens in every
+    #: sequence, so sequence n's are at n * T; a per-token slot table of exactly T columns has
+    #: the initial slot among the columns its tokens write
+    uniform_rows: bool = False
+    exact_slot_table: bool = False
     #: the gated RMSNorm epilogue (docs/design.md, "The fused decode core"): the gate's
     #: activation ("silu" or "sigmoid") and the norm weight's dtype; None without the epilogue
     norm_activation: str | None = None
@@ -84,6 +90,8 @@ class CompileKey:
             per_token_slots=call.per_token_slots,
             num_accepted=call.num_accepted is not None,
             cache_rows=call.cache_rows is not None,
+            uniform_rows=call.uniform_rows,
+            exact_slot_table=call.exact_slot_table,
             norm_activation=call.norm_activation,
             norm_weight_dtype=call.norm_weight_dtype,
             conv_width=None if call.conv is None else call.conv.width,
@@ -253,6 +261,8 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         key.write_final_state,
         key.null_slot,
         key.per_token_slots,
+        key.uniform_rows,
+        key.exact_slot_table,
         key.norm_activation or "silu",
         key.conv_activation or "silu",
         make_fake_stream(use_tvm_ffi_env_stream=True),

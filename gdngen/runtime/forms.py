@@ -58,6 +58,10 @@ class Form:
     #: tokens packed with cu_seqlens (of the index dtype, int32 without slots)
     packed: bool = False
     null_slot: int = -1
+    #: packed rows of T tokens each, a per-token table of exactly T columns (CompileKey's
+    #: uniform_rows and exact_slot_table: the shapes of a call pick them)
+    uniform_rows: bool = False
+    exact_slot_table: bool = False
 
     @property
     def stores_token_states(self) -> bool:
@@ -76,6 +80,8 @@ class Form:
             cu_seqlens_dtype=(self.index_dtype or "int32") if self.packed else None,
             per_token_slots=self.mode == "spec", num_accepted=self.mode == "spec",
             cache_rows=self.mode == "verify_rows",
+            uniform_rows=self.packed and self.uniform_rows,
+            exact_slot_table=self.mode == "spec" and self.exact_slot_table,
         )  # fmt: skip
 
 
@@ -127,9 +133,14 @@ def spec_forms(build) -> list[Form]:
             separate_write_slots=build.separate_write_slots, io_dtype=build.io_dtype,
             gate_dtype=build.gate_dtype, dt_bias_dtype=build.dt_bias_dtype,
             use_qk_l2norm=build.use_qk_l2norm, packed=packed, null_slot=null_slot,
+            uniform_rows=uniform, exact_slot_table=exact,
         )  # fmt: skip
         for mode in build.modes
         for slots in build.slots
         for packed in build.packed
         for null_slot in build.null_slots
+        # a packed call's kernel depends on whether its rows are uniform, a spec call's on
+        # whether its slot table is exactly T wide: both kinds are built
+        for uniform in ((False, True) if packed else (False,))
+        for exact in ((False, True) if mode == "spec" and slots != "none" else (False,))
     ]

@@ -95,7 +95,12 @@ def call_key(
             cu_seqlens.get_device(),
             type(max_seqlen),
             max_seqlen,
-            q.shape[1] if max_seqlen is None else None,
+            # the total, or whether it is max_seqlen tokens a sequence (CompileKey.uniform_rows)
+            (
+                q.shape[1]
+                if max_seqlen is None
+                else q.shape[1] == (cu_seqlens.shape[0] - 1) * max_seqlen
+            ),
         )
     return (
         dims, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,

@@ -7,6 +7,9 @@ import torch
 
 import generated.h200 as h200
 from gdngen.problem import PackedProblem
+from gdngen.runtime.checks import check_call
+from gdngen.runtime.compile import CompileKey
+from gdngen.runtime.launcher import DecodeCall
 from tests.compare import assert_close
 from tests.gpu.check_form import check_against, expected_of, kernel_form, run_form
 
@@ -168,6 +171,21 @@ def test_every_solve_path_reads_packed_rows_of_every_length(name):
         if _last_length(p) < tokens - 1
     )
     run_form(variant, problem)
+
+
+@pytest.mark.parametrize("name", SOLVE_PATHS)
+def test_every_solve_path_reads_uniform_rows_and_an_exact_table(name):
+    """Every sequence of T tokens and a slot table exactly T wide: the shapes pick the kernel
+    that places the tokens without cu_seqlens and loads the table's columns up front
+    (CompileKey.uniform_rows and exact_slot_table); a padded row and every accepted count."""
+    problem = PackedProblem(
+        sequences=11, tokens=4, layout=LAYOUTS[name[:2]], state_dtype=name.split("_")[1],
+        padded_rows=(2,), extra_columns=1, seed=60,
+    )  # fmt: skip
+    args = run_form(h200.variant(name), problem)
+    options = {n: v for n, v in DecodeCall.CHECKED.items() if n != "check_indices"}
+    key = CompileKey.for_call(name, "sm_90a", check_call(h200.INFO, **{**options, **args}))
+    assert key.uniform_rows and key.exact_slot_table
 
 
 def _last_length(problem: PackedProblem) -> int:

@@ -8,8 +8,12 @@ B = 1 would want a kernel of its own.
     python form_sweep.py OUT.jsonl [compile CELL]     (from the repository root)
 
 ``compile CELL`` calls each entry of one cell once (to fill the kernel cache), so that one
-process a cell can share the work.
+process a cell can share the work. Environment (optional): ``SWEEP_CELLS`` ("B,T,dtype;..."),
+``SWEEP_FORMS`` (packed_forms.py's form names, comma-separated), ``SWEEP_VARIANTS`` (the
+variant names to keep, comma-separated; all K-last variants of the dtype without it).
 """
+
+import os
 
 import json
 import sys
@@ -25,6 +29,14 @@ from packed_forms import HV, form_args, h200  # noqa: E402
 CELLS = [(1, 2, "bf16"), (1, 4, "bf16"), (1, 8, "bf16"), (1, 2, "fp32"), (1, 4, "fp32"),
          (1, 8, "fp32")]  # fmt: skip
 FORMS = ("pos_dense", "spec")
+if os.environ.get("SWEEP_CELLS"):
+    CELLS = [
+        (int(B), int(T), dt)
+        for B, T, dt in (c.split(",") for c in os.environ["SWEEP_CELLS"].split(";"))
+    ]
+if os.environ.get("SWEEP_FORMS"):
+    FORMS = tuple(os.environ["SWEEP_FORMS"].split(","))
+KEEP = set(filter(None, os.environ.get("SWEEP_VARIANTS", "").split(",")))
 
 
 def main() -> None:
@@ -38,7 +50,11 @@ def main() -> None:
             sets = {form: [form_args(base, form, i) for i in range(count)] for form in FORMS}
             calls = {"dispatched": h200.gdn_decode}
             calls.update(
-                {name: h200.variant(name) for name in pair_variants(h200, "k_last", dt, (128, 128))}
+                {
+                    name: h200.variant(name)
+                    for name in pair_variants(h200, "k_last", dt, (128, 128))
+                    if not KEEP or name in KEEP
+                }
             )
             runs, dispatched = {}, {}
             for form in FORMS:
