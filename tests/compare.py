@@ -26,9 +26,11 @@ def assert_close(name: str, x: torch.Tensor, ref: torch.Tensor, stored_dtype: to
     xd = x.double()
     assert not torch.isnan(xd).any(), f"{name}: NaN in {int(torch.isnan(xd).sum())} element(s)"
     err = rel_error(xd, ref)
-    assert err <= NORM_TOL[stored_dtype], f"{name}: relative error {err:.3g} > {NORM_TOL[stored_dtype]:.3g}"
+    assert (
+        err <= NORM_TOL[stored_dtype]
+    ), f"{name}: relative error {err:.3g} > {NORM_TOL[stored_dtype]:.3g}"
     peak = float(ref.double().abs().max().clamp_min(1e-30))
     worst = float((xd - ref.double()).abs().max())
-    assert worst <= MAX_TOL[stored_dtype] * peak, (
-        f"{name}: max abs error {worst:.3g} > {MAX_TOL[stored_dtype]:.3g} * max|ref| ({peak:.3g})"
-    )
+    assert (
+        worst <= MAX_TOL[stored_dtype] * peak
+    ), f"{name}: max abs error {worst:.3g} > {MAX_TOL[stored_dtype]:.3g} * max|ref| ({peak:.3g})"

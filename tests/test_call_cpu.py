@@ -25,18 +25,24 @@ def test_cpu_tensors_are_refused_before_any_compile():
 def test_bad_input_is_reported_before_the_device_check():
     args = _args()
     args["initial_state_indices"] = args["initial_state_indices"].float()
-    with pytest.raises(TypeError, match="initial_state_indices: expected dtype int32, int64; got float32"):
+    with pytest.raises(
+        TypeError, match="initial_state_indices: expected dtype int32, int64; got float32"
+    ):
         h200.gdn_decode(**args)
 
 
 def test_prepare_rejects_unknown_options():
-    with pytest.raises(TypeError, match=r"prepare: unexpected keyword argument\(s\) \['state_dtype'\]"):
+    with pytest.raises(
+        TypeError, match=r"prepare: unexpected keyword argument\(s\) \['state_dtype'\]"
+    ):
         h200.gdn_decode.prepare(**_args(), state_dtype="bf16")
 
 
 def test_unknown_variant_names_the_known_ones():
     first = h200.VARIANTS[0]
-    with pytest.raises(ValueError, match=f"'kl_bf16_tv3_sm90' is not a variant of target h200; it has {first}, "):
+    with pytest.raises(
+        ValueError, match=f"'kl_bf16_tv3_sm90' is not a variant of target h200; it has {first}, "
+    ):
         h200.variant("kl_bf16_tv3_sm90")
 
 

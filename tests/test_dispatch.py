@@ -15,6 +15,7 @@ from gdngen.dispatch import (
     reached,
     select,
 )
+from gdngen.dispatch.rules import CALL_FORMS
 from gdngen.spec import load_spec
 from tests.spec_helpers import SPEC_PATH
 
@@ -166,6 +167,34 @@ def test_a_rule_with_head_dims_serves_only_calls_of_those():
     assert reached(table, [("k_last", "bf16")], [(64, 64), K128], 2) == list(table)
 
 
+def test_a_rule_that_names_a_call_form_serves_only_calls_of_it():
+    table = (
+        _rule("spec").model_copy(update={"per_token_slots": True}),
+        _rule("packed").model_copy(update={"packed": True}),
+        _rule("dense"),
+    )
+
+    def pick(packed, per_token):
+        shape = CallShape(
+            "k_last", "bf16", 2, 8, True, K128, packed=packed, per_token_slots=per_token
+        )
+        return select(table, shape).use
+
+    assert [pick(False, False), pick(True, False), pick(False, True), pick(True, True)] == [
+        "dense", "packed", "spec", "spec",
+    ]  # fmt: skip
+    # with a form named, coverage and reach look at every form, not at dense rows alone
+    assert reached(table, [("k_last", "bf16")], [K128], 2) == list(table)
+    assert reached(table[2:], [("k_last", "bf16")], [K128], 2) == [table[2]]
+    gap = coverage_gap(table[:2], [("k_last", "bf16")], [K128], 2)
+    assert gap == CallShape("k_last", "bf16", 1, 1, False, K128)
+    gap = coverage_gap(
+        (table[0], _rule("dense_only", intermediate="no")), [("k_last", "bf16")], [K128], 2
+    )
+    assert gap == CallShape("k_last", "bf16", 1, 1, True, K128, packed=False, per_token_slots=False)
+    assert gap.describe().endswith("intermediate=yes head_dims=K128xV128")
+
+
 def test_coverage_gap_names_the_first_unserved_shape():
     pairs = [("k_last", "bf16")]
     covered = [_rule("small", batch_heads=(1, 100)), _rule("large", batch_heads=(101, None))]
@@ -209,18 +238,23 @@ def _random_rule(rng: random.Random, index: int) -> Rule:
         tokens=span(4), batch_heads=span(30), intermediate=rng.choice(["any", "yes", "no"]),
         head_dims=rng.choice([None, K128, (64, 64)]), gated_norm=rng.choice([None, False, True]),
         conv1d=rng.choice([None, False, True]), heads=rng.choice([None, None, span(12)]),
-        use=f"r{index}",
+        packed=rng.choice([None, None, None, False, True]),
+        per_token_slots=rng.choice([None, None, None, False, True]), use=f"r{index}",
     )  # fmt: skip
 
 
 def _every_shape(max_tokens=4, batch_heads=33, heads=15):
     """Every call shape of the random tables' space, sizes included (the brute force): past
     batch*heads 33 and HV 15 (one past every random range's end) no first match changes."""
-    for (layout, dtype), dims, (norm, conv), tokens, intermediate, bh, hv in itertools.product(
-        PAIRS, [K128, (64, 64)], FUSIONS, range(1, max_tokens + 1), (False, True),
-        range(1, batch_heads + 1), [None, *range(1, heads + 1)],
+    for (layout, dtype), dims, (norm, conv), tokens, intermediate, form, bh, hv in (
+        itertools.product(
+            PAIRS, [K128, (64, 64)], FUSIONS, range(1, max_tokens + 1), (False, True), CALL_FORMS,
+            range(1, batch_heads + 1), [None, *range(1, heads + 1)],
+        )
     ):  # fmt: skip
-        yield CallShape(layout, dtype, tokens, bh, intermediate, dims, norm, conv, hv)
+        if form[1] and not intermediate:
+            continue  # a per-token table stores every token's state
+        yield CallShape(layout, dtype, tokens, bh, intermediate, dims, norm, conv, hv, *form)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -248,7 +282,8 @@ def test_first_match_boundaries_coverage_and_reach_agree_with_brute_force(seed):
     else:  # the first gap of the space in (kind, T, batch*heads, HV) order, None HV first
         order = lambda c: (  # noqa: E731
             PAIRS.index((c.layout, c.state_dtype)), [K128, (64, 64)].index(c.head_dims),
-            FUSIONS.index((c.gated_norm, c.conv1d)), c.tokens, c.intermediate, c.batch_heads,
+            FUSIONS.index((c.gated_norm, c.conv1d)), c.tokens, c.intermediate,
+            CALL_FORMS.index((c.packed, c.per_token_slots)), c.batch_heads,
             -1 if c.heads is None else c.heads,
         )  # fmt: skip
         assert gap == min(gaps, key=order)
@@ -261,8 +296,10 @@ def test_first_match_is_select_over_the_committed_tables():
         first_match = FirstMatch(table)
         for _ in range(1500):
             (layout, dtype), dims, (norm, conv), intermediate = rng.choice(kinds)
+            packed, per_token = rng.choice(CALL_FORMS if intermediate else CALL_FORMS[:2])
             shape = CallShape(
                 layout, dtype, rng.randint(1, 9), rng.choice([rng.randint(1, 5000), *BATCH_HEADS]),
                 intermediate, dims, norm, conv, rng.choice([None, 4, 6, 16, 24, 32, 48, 64, 80]),
+                packed, per_token,
             )  # fmt: skip
             assert first_match(shape) is select(table, shape)

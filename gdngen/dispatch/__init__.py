@@ -18,8 +18,10 @@ from .rules import (
     batch_heads_points,
     boundary_shapes,
     coverage_gap,
+    ahead_of_measured,
     reached,
     select,
+    table_order,
 )
 
 __all__ = [
@@ -29,11 +31,13 @@ __all__ = [
     "Range",
     "Rule",
     "Verdict",
+    "ahead_of_measured",
     "batch_heads_points",
     "boundary_shapes",
     "coverage_gap",
     "measured_rules",
     "reached",
     "select",
+    "table_order",
     "verdicts",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import product
 from typing import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -66,6 +67,10 @@ class CallShape:
     conv1d: bool = False
     #: the geometry's value heads (HV); None where unknown, and then only rules for any HV serve
     heads: int | None = None
+    #: whether the tokens come packed along one dimension with cu_seqlens (vLLM's forms)
+    packed: bool = False
+    #: whether the state slots come from a per-token [N, 1 + S] table (vLLM's spec decode)
+    per_token_slots: bool = False
 
     @property
     def kind(self) -> tuple:
@@ -73,7 +78,7 @@ class CallShape:
         rule serves a call of one kind is settled by :meth:`Rule.serves_size` alone."""
         return (
             self.layout, self.state_dtype, self.intermediate, self.head_dims, self.gated_norm,
-            self.conv1d,
+            self.conv1d, self.packed, self.per_token_slots,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -84,6 +89,8 @@ class CallShape:
             + (" gated_norm=yes" if self.gated_norm else "")
             + (" conv1d=yes" if self.conv1d else "")
             + (f" HV={self.heads}" if self.heads is not None else "")
+            + (" packed=yes" if self.packed else "")
+            + (" per_token_slots=yes" if self.per_token_slots else "")
         )
 
 
@@ -91,6 +98,10 @@ class CallShape:
 Fusion = tuple[bool, bool]
 #: the calls without any fused step
 UNFUSED: tuple[Fusion, ...] = ((False, False),)
+#: (packed, per_token_slots) of a call (see CallShape)
+CallForm = tuple[bool, bool]
+#: every call form: dense rows, packed tokens, a per-token slot table, both
+CALL_FORMS: tuple[CallForm, ...] = ((False, False), (True, False), (False, True), (True, True))
 
 
 class Rule(_Strict):
@@ -117,8 +128,19 @@ class Rule(_Strict):
     #: the value heads (HV) the rule is for; None: any. Measured rules name them only where cells
     #: of one batch*heads but different HV want different variants (gdngen.dispatch.measured)
     heads: Range | None = None
+    #: whether the rule is for calls with packed tokens (true), dense rows (false), or both
+    #: (None). The tuning times dense rows, so rules that name a form are the spec's own
+    packed: bool | None = None
+    #: whether the rule is for calls with a per-token slot table (true), without (false), or both
+    #: (None); such calls store every token's state (``intermediate: yes``)
+    per_token_slots: bool | None = None
     use: str
     source: str = ""
+
+    @property
+    def names_form(self) -> bool:
+        """The rule holds a condition on the call's form (packed, per_token_slots)."""
+        return self.packed is not None or self.per_token_slots is not None
 
     def serves(self, shape: CallShape) -> bool:
         return self.serves_kind(shape) and self.serves_size(shape)
@@ -132,6 +154,8 @@ class Rule(_Strict):
             and self.head_dims in (None, shape.head_dims)
             and self.gated_norm in (None, shape.gated_norm)
             and self.conv1d in (None, shape.conv1d)
+            and self.packed in (None, shape.packed)
+            and self.per_token_slots in (None, shape.per_token_slots)
         )
 
     def serves_size(self, shape: CallShape) -> bool:
@@ -143,6 +167,21 @@ class Rule(_Strict):
                 self.heads is None or (shape.heads is not None and self.heads.contains(shape.heads))
             )
         )
+
+
+def ahead_of_measured(rule: Rule) -> bool:
+    """A static rule for calls the tuning does not time (it times the recurrence alone, on dense
+    rows): with the gated RMSNorm epilogue, or of a named call form. Such rules come before any
+    measured rule, in the order the spec gives them."""
+    return bool(rule.gated_norm) or rule.names_form
+
+
+def table_order(rules: Sequence[Rule]) -> list[Rule]:
+    """A spec's static rules in the order a dispatch table holds them: :func:`ahead_of_measured`
+    rules first, then the others, each in spec order."""
+    return [r for r in rules if ahead_of_measured(r)] + [
+        r for r in rules if not ahead_of_measured(r)
+    ]
 
 
 def select(rules: Iterable[Rule], shape: CallShape) -> Rule | None:
@@ -191,6 +230,12 @@ def heads_points(rules: Iterable[Rule]) -> list[int]:
     return sorted({h.lo for h in named} | {h.hi + 1 for h in named if h.hi is not None})
 
 
+def call_forms(rules: Iterable[Rule]) -> tuple[CallForm, ...]:
+    """The call forms whose first matches can differ under ``rules``: dense rows alone where no
+    rule names a form (then every form routes alike), else all of CALL_FORMS."""
+    return CALL_FORMS if any(rule.names_form for rule in rules) else CALL_FORMS[:1]
+
+
 def boundary_shapes(
     rules: Sequence[Rule] | FirstMatch,
     pairs: Iterable[tuple[str, str]],
@@ -200,22 +245,26 @@ def boundary_shapes(
 ) -> Iterator[CallShape]:
     """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
     pair and head dims, T in 1..max_tokens, with and without intermediate states, with each of
-    ``fusions`` ((gated_norm, conv1d) pairs), at each batch*heads where a rule of that kind of
-    call and T starts or ends (between those points the choice cannot change), for any HV and at
+    ``fusions`` ((gated_norm, conv1d) pairs), in each call form (call_forms), at each batch*heads
+    where a rule of that kind of call and T starts or ends (between those points the choice cannot change), for any HV and at
     each HV where such a rule for some HV starts or ends. Within each kind and T the shapes come
     in increasing batch*heads, then HV (None first), so the first shape with some property is
     the first point of the first stretch of calls that have it."""
     first_match = rules if isinstance(rules, FirstMatch) else FirstMatch(rules)
     dims = list(head_dims)
     fusions = list(fusions)
+    forms = call_forms(first_match.rules)
     for layout, state_dtype in pairs:
         for head in dims:
             for norm, conv in fusions:
                 for tokens in range(1, max_tokens + 1):
-                    for intermediate in (False, True):
+                    for intermediate, (packed, per_token) in product((False, True), forms):
+                        if per_token and not intermediate:
+                            continue  # a per-token table stores every token's state
                         shape = CallShape(
-                            layout, state_dtype, tokens, 1, intermediate, head, norm, conv
-                        )
+                            layout, state_dtype, tokens, 1, intermediate, head, norm, conv,
+                            packed=packed, per_token_slots=per_token,
+                        )  # fmt: skip
                         at_tokens = [
                             r for r in first_match.of_kind(shape) if r.tokens.contains(tokens)
                         ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdngen.device.lanes import butterfly_offsets, reduce_scatter
-from gdngen.dispatch import Rule, coverage_gap, measured_rules, reached
+from gdngen.dispatch import Rule, ahead_of_measured, coverage_gap, measured_rules, reached
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
 from gdngen.tune.tuning_file import Measured, TuningError, set_key
@@ -239,16 +239,17 @@ def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
 
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     """The dispatch table (first match wins): the spec's rules for calls with the gated RMSNorm
-    epilogue (the tuning times the recurrence alone, so they come before any measured rule);
-    measured rules for the pairs whose timings hold, at the head dims they were measured at; then
-    the spec's other static rules that still serve some call (every call of the other pairs, and
-    the measured pairs' calls at other head dims), each citing where it came from."""
+    epilogue and its rules that name a call form (the tuning times the recurrence alone, on dense
+    rows, so they come before any measured rule); measured rules for the pairs whose timings
+    hold, at the head dims they were measured at; then the spec's other static rules that still
+    serve some call (every call of the other pairs, and the measured pairs' calls at other head
+    dims), each citing where it came from."""
     sets = measured_sets(spec, measured)
     static = [
         rule.model_copy(update={"source": f"spec dispatch[{index}]"})
         for index, rule in enumerate(spec.dispatch)
     ]
-    rules = [rule for rule in static if rule.gated_norm]
+    rules = [rule for rule in static if ahead_of_measured(rule)]
     if measured:
         base = spec.tuning_head_dims
         for dims in spec.tuned_head_dims:
@@ -257,7 +258,7 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
                 [(layout, state_dtype) for layout, state_dtype, d in sets if d == dims],
                 spec.features.max_tokens, measured.name, dims,
             )  # fmt: skip
-    rules += [rule for rule in static if not rule.gated_norm]
+    rules += [rule for rule in static if not ahead_of_measured(rule)]
     gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured
         where = measured.name if measured else "the spec's dispatch"

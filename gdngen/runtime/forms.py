@@ -20,16 +20,20 @@ def reachable_variants(
     intermediate: bool,
     head_dims: tuple[int, int],
     heads: int | None = None,
+    packed: bool = False,
+    per_token_slots: bool = False,
 ) -> list[str]:
     """Every variant the first-match dispatch picks for some batch*heads at these head dims
-    (K, V) and value heads (None: rules for any HV only), in table order. The
+    (K, V) and value heads (None: rules for any HV only), in a call of this form (packed tokens,
+    a per-token slot table), in table order. The
     choice only changes where a rule's batch*heads range starts or ends, so those points (tried
     with the one selector) find them all."""
     found: dict[str, None] = {}
     for batch_heads in batch_heads_points(table):
         shape = CallShape(
-            layout, state_dtype, tokens, batch_heads, intermediate, head_dims, heads=heads
-        )
+            layout, state_dtype, tokens, batch_heads, intermediate, head_dims, heads=heads,
+            packed=packed, per_token_slots=per_token_slots,
+        )  # fmt: skip
         rule = select(table, shape)
         if rule is not None:
             found[rule.use] = None
@@ -119,7 +123,8 @@ def compile_keys(
                         intermediate = form.stores_token_states
                         for variant in reachable_variants(
                             table, layout, state_dtype, tokens, intermediate,
-                            (geometry.K, geometry.V), geometry.HV,
+                            (geometry.K, geometry.V), geometry.HV, form.packed,
+                            form.mode == "spec",
                         ):  # fmt: skip
                             keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
     return list(keys)

@@ -129,10 +129,13 @@ class Target:
         gated_norm: bool = False,
         conv1d: bool = False,
         heads: int | None = None,
+        packed: bool = False,
+        per_token_slots: bool = False,
     ) -> Rule:
         """The dispatch rule that serves a call of this shape (``head_dims``: the geometry's
         (K, V); ``gated_norm``: with the gated RMSNorm epilogue, ``conv1d``: with the conv1d
-        prologue as well; ``heads``: its value heads HV, None for the rules of any HV) on ``gpu``
+        prologue as well; ``heads``: its value heads HV, None for the rules of any HV;
+        ``packed``, ``per_token_slots``: its form, as CallShape has them) on ``gpu``
         (a device name; None: the current CUDA device's, or the default table without one);
         LookupError if none does."""
         if gpu is None and torch.cuda.is_available():
@@ -141,7 +144,7 @@ class Target:
             table = self.table if gpu is None else self.table_for(gpu).table
         shape = CallShape(
             layout, state_dtype, tokens, batch_heads, intermediate, tuple(head_dims),
-            gated_norm, conv1d, heads,
+            gated_norm, conv1d, heads, packed, per_token_slots,
         )  # fmt: skip
         return self._rule(table, shape)
 
@@ -157,6 +160,7 @@ class Target:
         shape = CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads,
             call.stores_token_states, (call.K, call.V), call.fused, call.conv is not None, call.HV,
+            call.packed, call.per_token_slots,
         )  # fmt: skip
         return self._rule(self._device_table(call.pool.device), shape).use
 

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
-from gdngen.dispatch import Fusion, Rule, boundary_shapes, coverage_gap, select
+from gdngen.dispatch import Fusion, Rule, boundary_shapes, coverage_gap, select, table_order
 from gdngen.terms import (
     LAYOUT_PREFIX,
     PORTABLE_CLUSTER,
@@ -669,6 +669,12 @@ class Spec(_Strict):
                     f"dispatch[{index}].gated_norm: the spec's features do not have the gated "
                     "RMSNorm epilogue; add `gated_rmsnorm: true` under `features:`"
                 )
+            if rule.per_token_slots and rule.intermediate == "no":
+                raise ValueError(
+                    f"dispatch[{index}].per_token_slots: a call with a per-token slot table "
+                    "stores every token's state, so a rule with `intermediate: no` serves none; "
+                    "drop one of the two"
+                )
             if rule.conv1d and not (self.features.conv1d_widths and rule.gated_norm):
                 raise ValueError(
                     f"dispatch[{index}].conv1d: a rule for calls with the conv1d prologue needs "
@@ -702,10 +708,11 @@ class Spec(_Strict):
                     f"dispatch[{index}].use: {rule.use} is `gated_norm_only`, but the rule also "
                     "serves calls without the gated RMSNorm; give the rule `gated_norm: true`"
                 )
+        ordered = table_order(self.dispatch)  # as every emitted table holds them
         for shape in boundary_shapes(
-            self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.fusions
+            ordered, self.served, self.head_dims, self.features.max_tokens, self.fusions
         ):
-            rule = select(self.dispatch, shape)
+            rule = select(ordered, shape)
             variant = by_name[rule.use]
             K, V = shape.head_dims
             if shape.gated_norm and not variant.serves_gated_norm(V):

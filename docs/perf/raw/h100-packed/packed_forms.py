@@ -5,7 +5,7 @@ Run once per build (before and after a change, each from its own tree), from the
     python packed_forms.py OUT.jsonl [compile]
 
 ``compile`` only calls each form once (to fill the kernel cache, e.g. in parallel with another
-build's); without it, one JSON line per cell.
+build's); without it, one JSON line per cell. ``PACKED_CELLS`` ("B,T,dtype;...") replaces CELLS.
 
 pos_dense   q as [B, T], [B] slots, a positional [B, T, ...] intermediate buffer (no final write)
 pos_packed  the same tokens packed [1, B*T] with cu_seqlens
@@ -14,6 +14,7 @@ spec        vLLM's spec-decode form: packed, a [B, T] slot table with num_accept
 """
 
 import json
+import os
 import sys
 
 import generated.h200 as h200
@@ -25,6 +26,11 @@ CELLS = [
     (32, 4, "bf16"), (32, 8, "bf16"), (128, 8, "bf16"), (512, 2, "bf16"), (1, 4, "fp32"),
     (1, 8, "fp32"), (32, 4, "fp32"),
 ]  # fmt: skip
+if os.environ.get("PACKED_CELLS"):
+    CELLS = [
+        (int(B), int(T), dt)
+        for B, T, dt in (c.split(",") for c in os.environ["PACKED_CELLS"].split(";"))
+    ]
 FORMS = ["pos_dense", "pos_packed", "spec"]
 HV = 64
 

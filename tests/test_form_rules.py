@@ -1,0 +1,76 @@
+"""The h200 spec's dispatch rules for call forms the tuning does not time (CPU): vLLM's packed
+tokens and its per-token slot table route past the kernels those forms slow, in every emitted
+table, while dense rows keep the measured picks; the builds and the spec's checks follow."""
+
+import pytest
+
+import generated.h200 as h200
+from gdngen.dispatch import CallShape, select
+from gdngen.runtime.forms import Form, compile_keys
+from gdngen.spec import SpecError, load_spec, parse_spec
+from tests.spec_helpers import SPEC_PATH, to_yaml
+
+K128 = (128, 128)
+SERVES_EVERY_FORM = "kl_bf16_tv64_ilp8_vec8_tpg16_sm90"
+TABLES = {"default": h200.dispatch.TABLE, **h200.dispatch.TABLES}
+
+
+def _shape(tokens, batch_heads, packed, per_token):
+    return CallShape(
+        "k_last", "bf16", tokens, batch_heads, True, K128, packed=packed, per_token_slots=per_token
+    )
+
+
+@pytest.mark.parametrize("gpu", list(TABLES))
+def test_packed_and_per_token_calls_take_the_form_rules(gpu):
+    # docs/perf/h100-2026-11-27-uniform-exact.md: packed tokens with a positional cache at T = 2
+    # and the per-token table at T = 8, at large batch
+    table = TABLES[gpu]
+    for shape in (_shape(2, 32768, True, False), _shape(2, 5017, True, False),
+                  _shape(8, 8192, True, True), _shape(8, 16384, False, True)):  # fmt: skip
+        rule = select(table, shape)
+        assert rule.use == SERVES_EVERY_FORM, shape.describe()
+        assert rule.source.startswith("spec dispatch["), rule.source
+
+
+def test_dense_rows_and_small_batches_keep_the_measured_picks():
+    h100 = h200.dispatch.TABLES["H100"]
+
+    def pick(shape):
+        return select(h100, shape)
+
+    for shape in (_shape(2, 32768, False, False), _shape(8, 8192, False, False),
+                  _shape(8, 4096, True, True), _shape(2, 4096, True, False)):  # fmt: skip
+        assert pick(shape).source.startswith("tuned specs/h200.tuning.h100.yaml"), shape
+    # the per-token table with packed tokens at T = 2 was timed within 2% of dense rows
+    assert pick(_shape(2, 32768, True, True)).source.startswith("tuned")
+
+
+def test_builds_of_each_form_include_the_kernel_its_rules_pick():
+    spec = load_spec(SPEC_PATH)
+    geometry = [g for g in spec.geometries if g.HV == 64 and (g.K, g.V) == K128][:1]
+    assert geometry, "the h200 spec serves a K = V = 128, HV = 64 geometry"
+
+    def variants(form, tokens):
+        keys = compile_keys(
+            [h200.dispatch.TABLES["H100"]], arch=spec.sm, geometries=geometry,
+            pairs=[("k_last", "bf16")], max_tokens=8, forms=[form],
+        )  # fmt: skip
+        return {k.variant for k in keys if k.tokens == tokens}
+
+    spec_form = Form(mode="spec", index_dtype="int32", packed=True, null_slot=0)
+    packed_verify = Form(mode="verify", index_dtype="int32", packed=True)
+    dense_verify = Form(mode="verify", index_dtype="int32")
+    assert SERVES_EVERY_FORM in variants(spec_form, 8)
+    assert SERVES_EVERY_FORM in variants(packed_verify, 2)
+    staged = "kl_bf16_tv128_ilp8_vec8_tpg16_staged_sm90"
+    assert staged in variants(dense_verify, 8) and staged not in variants(spec_form, 8)
+
+
+def test_a_per_token_rule_that_stores_no_token_states_is_refused():
+    data = load_spec(SPEC_PATH).model_dump(mode="json", exclude_none=True)
+    rule = {"layout": "k_last", "state_dtype": "bf16", "tokens": [8, 8], "batch_heads": [1, None],
+            "intermediate": "no", "per_token_slots": True, "use": SERVES_EVERY_FORM}  # fmt: skip
+    data["dispatch"] = [rule, *data["dispatch"]]
+    with pytest.raises(SpecError, match=r"dispatch\[0\]\.per_token_slots: .* `intermediate: no`"):
+        parse_spec(to_yaml(data), "specs/h200.yaml")
