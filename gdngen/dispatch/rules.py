@@ -179,9 +179,8 @@ def ahead_of_measured(rule: Rule) -> bool:
 def table_order(rules: Sequence[Rule]) -> list[Rule]:
     """A spec's static rules in the order a dispatch table holds them: :func:`ahead_of_measured`
     rules first, then the others, each in spec order."""
-    return [r for r in rules if ahead_of_measured(r)] + [
-        r for r in rules if not ahead_of_measured(r)
-    ]
+    ahead = [rule for rule in rules if ahead_of_measured(rule)]
+    return ahead + [rule for rule in rules if not ahead_of_measured(rule)]
 
 
 def select(rules: Iterable[Rule], shape: CallShape) -> Rule | None:
@@ -246,10 +245,11 @@ def boundary_shapes(
     """One call shape per distinct first-match outcome of ``rules``: every served (layout, dtype)
     pair and head dims, T in 1..max_tokens, with and without intermediate states, with each of
     ``fusions`` ((gated_norm, conv1d) pairs), in each call form (call_forms), at each batch*heads
-    where a rule of that kind of call and T starts or ends (between those points the choice cannot change), for any HV and at
-    each HV where such a rule for some HV starts or ends. Within each kind and T the shapes come
-    in increasing batch*heads, then HV (None first), so the first shape with some property is
-    the first point of the first stretch of calls that have it."""
+    where a rule of that kind of call and T starts or ends (between those points the choice
+    cannot change), for any HV and at each HV where such a rule for some HV starts or ends.
+    Within each kind and T the shapes come in increasing batch*heads, then HV (None first), so
+    the first shape with some property is the first point of the first stretch of calls that
+    have it."""
     first_match = rules if isinstance(rules, FirstMatch) else FirstMatch(rules)
     dims = list(head_dims)
     fusions = list(fusions)
