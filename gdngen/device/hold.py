@@ -27,27 +27,20 @@ def hold_until_here(tile: cute.Tensor) -> None:
 def opaque(value):
     """A 32- or 64-bit integer ``value`` through an empty volatile inline asm (see ``_opaque``):
     the same number, which no use can see through to how it was loaded."""
-    if isinstance(value, Int64):
-        return _opaque64(value)
-    return _opaque(value)
+    return _opaque(value, Int64 if isinstance(value, Int64) else Int32)
+
+
+#: the inline asm's register constraint (output, tied to the input) per integer width
+_REGISTER = {Int32: "=r,0", Int64: "=l,0"}
 
 
 @dsl_user_op
-def _opaque64(word, *, loc=None, ip=None):
+def _opaque(word, width=Int32, *, loc=None, ip=None):
+    """A ``width`` (Int32 or Int64) ``word`` through an empty volatile inline asm: the same bits,
+    which the compilers can neither see through nor move across the program's other side effects
+    (its barriers)."""
     held = llvm.inline_asm(
-        Int64.mlir_type, [Int64(word).ir_value(loc=loc, ip=ip)], "", "=l,0",
+        width.mlir_type, [width(word).ir_value(loc=loc, ip=ip)], "", _REGISTER[width],
         has_side_effects=True, loc=loc, ip=ip,
     )  # fmt: skip
-    return Int64(held)
-
-
-@dsl_user_op
-def _opaque(word, *, loc=None, ip=None):
-    """A 32-bit ``word`` through an empty volatile inline asm: the same bits, which the
-    compilers can neither see through nor move across the program's other side effects (its
-    barriers)."""
-    held = llvm.inline_asm(
-        Int32.mlir_type, [Int32(word).ir_value(loc=loc, ip=ip)], "", "=r,0",
-        has_side_effects=True, loc=loc, ip=ip,
-    )  # fmt: skip
-    return Int32(held)
+    return width(held)
