@@ -46,6 +46,27 @@ def test_dense_rows_and_small_batches_keep_the_measured_picks():
     assert pick(_shape(2, 32768, True, True)).source.startswith("tuned")
 
 
+@pytest.mark.parametrize("gpu", list(TABLES))
+def test_fp32_per_token_calls_at_t2_and_t3_take_the_preloading_tile(gpu):
+    # docs/perf/h100-2026-11-27-held-state.md: HV 64, B = 1 (B*HV 64, the H100 grid's 56-78)
+    table = TABLES[gpu]
+    preloading = "kl_fp32_tv8_ilp2_vec4_tpg32_pre_sm90"
+
+    def fp32(tokens, batch_heads, per_token):
+        shape = CallShape("k_last", "fp32", tokens, batch_heads, True, K128, packed=True,
+                          per_token_slots=per_token)  # fmt: skip
+        return select(table, shape)
+
+    for tokens in (2, 3):
+        for batch_heads in (56, 64, 78):
+            assert fp32(tokens, batch_heads, True).use == preloading, (tokens, batch_heads)
+    # outside the cell, and for the other forms, the table's own picks
+    for tokens, batch_heads, per_token in ((4, 64, True), (3, 128, True), (3, 48, True),
+                                           (3, 64, False), (2, 64, False)):  # fmt: skip
+        rule = fp32(tokens, batch_heads, per_token)
+        assert not (rule.per_token_slots and rule.use == preloading), (tokens, batch_heads)
+
+
 def test_builds_of_each_form_include_the_kernel_its_rules_pick():
     spec = load_spec(SPEC_PATH)
     geometry = [g for g in spec.geometries if g.HV == 64 and (g.K, g.V) == K128][:1]

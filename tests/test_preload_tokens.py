@@ -79,6 +79,16 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
 
     dropped = code_lines(plain) - code_lines(preloaded)
     new = code_lines(preloaded) - code_lines(plain)
+    # At ILP 2 a preloading kernel also holds a 16-bit state behind a per-token slot table
+    # (Variant.holds_state_behind_slot_table; test_held_state_* below): its raw_state line and
+    # the hold after the gates' loop, with their comments.
+    holds = Variant(**STEPWISE[shape], preload_tokens=True).holds_state_behind_slot_table
+    held_dropped = ["raw_state = conv_state is not None and state.element_type.width < 32"]
+    held_new = [
+        "raw_state = (conv_state is not None or per_token_slots) and state.element_type.width < 32",
+        "if cutlass.const_expr(raw_state and conv_state is None):",
+        "hold_until_here(h_raw)",
+    ]
     dropped_comments = Counter({line: n for line, n in dropped.items() if line.startswith("#")})
     assert dropped - dropped_comments == Counter(
         [
@@ -94,15 +104,17 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
             "g = Float32(cutlass.select_(token_live[t], g, Float32(1.0)))",
             "beta = Float32(cutlass.select_(token_live[t], beta, Float32(0.0)))",
             "beta = 1.0 / (1.0 + cute.math.exp(-Float32(b[seq, token_at[t], hv])))",
+            *(held_dropped if holds else []),
         ]
     ), dropped
-    assert sum(dropped_comments.values()) == 1, dropped_comments
+    assert sum(dropped_comments.values()) == (4 if holds else 1), dropped_comments
     expected = Counter(
         [
             f'NAME = "{Variant(**STEPWISE[shape], preload_tokens=True).name_for("sm_90a")}"',
             "for t in cutlass.range_constexpr(T):",
             "if cutlass.const_expr(conv_state is None):",
             "if cutlass.const_expr(conv_state is None):",
+            *(held_new if holds else []),
         ]
     )
     for name, listed in [("q_raw", "q"), ("k_raw", "k"), ("v_rows", "v"), ("g", "g"),
@@ -116,12 +128,12 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
         )
     comments = Counter({line: n for line, n in new.items() if line.startswith("#")})
     assert new - comments == expected, new - comments
-    assert sum(comments.values()) == 5, comments
+    assert sum(comments.values()) == (13 if holds else 5), comments
     # and the diff a reviewer reads is that small: the moved loads (about 34 lines with the
     # conv prologue's shared-memory branch, shown as removed and added where difflib cannot
     # align them across the epilogue's T = 1 z load, which stays in the loop), the gates'
-    # loop and the lists
-    assert len(changed_code_lines(plain, preloaded)) < 110
+    # loop and the lists (and, held, the state's 13 lines)
+    assert len(changed_code_lines(plain, preloaded)) < (123 if holds else 110)
 
 
 def test_every_load_comes_before_any_gate_arithmetic():
@@ -133,3 +145,21 @@ def test_every_load_comes_before_any_gate_arithmetic():
     assert first_gate < solving
     head = preloaded[:first_gate]
     assert all(head.count(load) == 1 for load in INPUT_LOADS)
+
+
+@pytest.mark.parametrize("shape", list(STEPWISE))
+def test_held_state_behind_a_slot_table_at_ilp_2_only(shape):
+    """A 16-bit state is held in its own dtype behind a per-token slot table by the preloading
+    stepwise kernels at ILP 2 alone (docs/perf/h100-2026-11-27-held-state.md): their code says so
+    and holds it after the gates' loop; the others convert it where it is loaded, as before."""
+    held = "raw_state = (conv_state is not None or per_token_slots)"
+    for knobs in (STEPWISE[shape], {**STEPWISE[shape], "preload_tokens": True}):
+        variant = Variant(**knobs)
+        text = kernel_text(knobs)
+        holds = variant.preload_tokens and variant.ilp <= 2
+        assert variant.holds_state_behind_slot_table == holds
+        assert (held in text) == holds
+        assert text.count("hold_until_here(h_raw)") == (2 if holds else 1)  # and the conv one's
+    staged = Variant(layout="k_last", state_dtype="bf16", tile_v=128, ilp=2, vec=8,
+                     threads_per_group=16, solve="staged")  # fmt: skip
+    assert not staged.holds_state_behind_slot_table

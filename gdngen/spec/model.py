@@ -176,6 +176,16 @@ class Variant(_Strict):
         return self.head_k_dim == K and V % self.tile_v == 0
 
     @property
+    def holds_state_behind_slot_table(self) -> bool:
+        """Whether a 16-bit state stays in its own dtype until its first use where its load waits
+        for a per-token slot table (vLLM's spec form), as it does behind the conv1d prologue: in
+        the stepwise solve with preloaded tokens, where the tokens' loads then go out before the
+        state arrives, and at ILP 2 only. On an H100, held, the spec form of `tv8_ilp2_pre` ran
+        4-7% faster at B = 1, T = 2-3; that of `tv16_ilp4_pre` ran 3% slower at T = 4 (bf16) and
+        4-5% slower at T = 8 (fp16) (docs/perf/h100-2026-11-27-held-state.md)."""
+        return self.solve == "stepwise" and self.preload_tokens and self.ilp <= 2
+
+    @property
     def row_loads(self) -> int:
         """Vector loads a lane spends on its part of one state row: K-last, its vec columns, in
         loads of at most 16 bytes; V-last, one (a load covers ilp rows of one column)."""

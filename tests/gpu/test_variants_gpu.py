@@ -3,20 +3,22 @@
 import pytest
 
 import generated.h200 as h200
-from gdngen.problem import Problem
+from gdngen.problem import PackedProblem, Problem
 from tests.gpu.check_call import run_and_check
+from tests.gpu.check_form import run_form
 
 pytestmark = pytest.mark.gpu
 
 
-def _problem(variant: str, **fields) -> Problem:
-    """The case on the variant's layout and dtype; a kernel for other head dims than 128 runs on
-    the target's geometry of its K (the cases' HVs are those of K = V = 128 models)."""
+def _problem(variant: str, kind=Problem, **fields):
+    """The case (a ``kind`` of problem) on the variant's layout and dtype; a kernel for other head
+    dims than 128 runs on the target's geometry of its K (the cases' HVs are those of K = V = 128
+    models)."""
     module = h200.variant(variant).module(variant)
     if module.HEAD_K_DIM != 128:
         (geometry,) = [g for g in h200.INFO.geometries if g.K == module.HEAD_K_DIM]
         fields.update(H=geometry.H, HV=geometry.HV, K=geometry.K, V=geometry.V)
-    return Problem(layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, **fields)
+    return kind(layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, **fields)
 
 
 #: (id, Problem fields); each case is a distinct compile key, seeds differ per case and variant
@@ -66,6 +68,17 @@ CASES = [
 def test_variant_matches_reference(variant, case):
     seed = hash((variant, tuple(sorted(case.items())))) % 2**31
     run_and_check(h200.variant(variant), _problem(variant, seed=seed, **case))
+
+
+@pytest.mark.parametrize("variant", h200.VARIANTS)
+def test_variant_serves_the_vllm_spec_form(variant):
+    """vLLM's speculative-decode form: T = 3 tokens a sequence, a slot table exactly T wide with
+    num_accepted_tokens, slot 0 and a padded row. The form compiles code the dense cases above
+    do not reach: the table's columns loaded up front, and in the stepwise solve a 16-bit state
+    held in its own dtype until its first use (tile_load in gdngen/templates/_macros.j2)."""
+    seed = hash((variant, "spec")) % 2**31
+    problem = _problem(variant, PackedProblem, sequences=6, tokens=3, padded_rows=(1,), seed=seed)
+    run_form(h200.variant(variant), problem)
 
 
 @pytest.mark.parametrize(
