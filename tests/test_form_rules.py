@@ -5,7 +5,7 @@ table, while dense rows keep the measured picks; the builds and the spec's check
 import pytest
 
 import generated.h200 as h200
-from gdngen.dispatch import CallShape, select
+from gdngen.dispatch import CallShape, ahead_of_measured, select
 from gdngen.runtime.forms import Form, compile_keys
 from gdngen.spec import SpecError, load_spec, parse_spec
 from tests.spec_helpers import SPEC_PATH, to_yaml
@@ -31,6 +31,15 @@ def test_packed_and_per_token_calls_take_the_form_rules(gpu):
         rule = select(table, shape)
         assert rule.use == SERVES_EVERY_FORM, shape.describe()
         assert rule.source.startswith("spec dispatch["), rule.source
+
+
+def test_every_table_starts_with_the_static_rules_ahead_of_the_measured_ones():
+    ahead = h200.dispatch.AHEAD
+    assert ahead and all(ahead_of_measured(rule) for rule in ahead)
+    assert any(rule.names_form for rule in ahead) and any(rule.gated_norm for rule in ahead)
+    for gpu, table in TABLES.items():
+        assert table[: len(ahead)] == ahead, gpu
+        assert not any(ahead_of_measured(rule) for rule in table[len(ahead) :]), gpu
 
 
 def test_dense_rows_and_small_batches_keep_the_measured_picks():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import takewhile
 from pathlib import Path
 
 from gdngen.device.lanes import butterfly_offsets, reduce_scatter
@@ -156,11 +157,11 @@ def plan_target(
             spec_path=spec_path,
             context={
                 "target": spec.target,
-                "rules": dispatch_rules(spec, measured),
                 "table_gpu": spec.tuning.gpu if spec.tuning and measured else None,
-                "tables": {
-                    gpu: dispatch_rules(spec, other) for gpu, other in (other_gpus or {}).items()
-                },
+                **dispatch_tables(
+                    dispatch_rules(spec, measured),
+                    {gpu: dispatch_rules(spec, other) for gpu, other in (other_gpus or {}).items()},
+                ),
             },
         )
     )
@@ -235,6 +236,21 @@ def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
         else:
             reasons[key] = measured.stale.get(key, f"{measured.name} has no cells of it")
     return reasons
+
+
+def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
+    """dispatch.py.j2's tables: the rules every table starts with (the spec's rules that go ahead
+    of measured ones, the same in each, as no measured rule comes before them), written once as
+    ``ahead``; then ``rules`` (the default table) and each GPU model's table without them."""
+    ahead = list(takewhile(ahead_of_measured, rules))
+    for gpu, gpu_rules in tables.items():
+        if list(takewhile(ahead_of_measured, gpu_rules)) != ahead:
+            raise AssertionError(f"the {gpu} table does not start with the default's static rules")
+    return {
+        "ahead": ahead,
+        "rules": rules[len(ahead) :],
+        "tables": {gpu: gpu_rules[len(ahead) :] for gpu, gpu_rules in tables.items()},
+    }
 
 
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
