@@ -186,6 +186,16 @@ class Variant(_Strict):
         return self.solve == "stepwise" and self.preload_tokens and self.ilp <= 2
 
     @property
+    def state_raw_until_use(self) -> str:
+        """Where a 16-bit state stays in its own dtype until the solve's first use of it (the
+        templates' tile_load): "always" (the staged solve in one pass, whose staging runs while
+        the state is in flight), "slot_table" (behind the conv1d prologue or a per-token slot
+        table: holds_state_behind_slot_table) or "conv" (behind the conv1d prologue only)."""
+        if self.solve == "staged" and self.row_passes == 1:
+            return "always"
+        return "slot_table" if self.holds_state_behind_slot_table else "conv"
+
+    @property
     def row_loads(self) -> int:
         """Vector loads a lane spends on its part of one state row: K-last, its vec columns, in
         loads of at most 16 bytes; V-last, one (a load covers ilp rows of one column)."""
