@@ -163,3 +163,36 @@ def test_held_state_behind_a_slot_table_at_ilp_2_only(shape):
     staged = Variant(layout="k_last", state_dtype="bf16", tile_v=128, ilp=2, vec=8,
                      threads_per_group=16, solve="staged")  # fmt: skip
     assert not staged.holds_state_behind_slot_table
+
+
+#: a preloading K-last kernel that converts its state at the load (ILP 4)
+ILP4 = dict(layout="k_last", state_dtype="bf16", tile_v=16, ilp=4, vec=8, threads_per_group=16)
+
+
+def test_gates_in_the_token_loop_behind_a_slot_table_where_the_state_is_not_held():
+    """Behind a per-token slot table the preloading K-last kernels that do not hold the state
+    (ILP > 2) compute each token's gates in the token loop, from the preloaded a and b
+    (docs/perf/h100-2026-11-27-gates-in-loop.md); every other form, and every other kernel,
+    computes them before the loop as before."""
+    switch = "gates_in_loop = per_token_slots and conv_state is None"
+    variant = Variant(**ILP4, preload_tokens=True)
+    assert variant.gates_in_token_loop_behind_slot_table
+    assert not variant.holds_state_behind_slot_table
+    text = kernel_text({**ILP4, "preload_tokens": True})
+    assert text.count(switch) == 1
+    solving_loop = text[text.index(SOLVING_LOOP) :]
+    # In the loop: the gates of the preloaded inputs where the switch holds, else the lists'.
+    assert "if cutlass.const_expr(gates_in_loop):" in solving_loop
+    assert "x = a_tokens[t] + bias" in solving_loop
+    assert "beta = 1.0 / (1.0 + cute.math.exp(-b_tokens[t]))" in solving_loop
+    assert "g = g_tokens[t]" in solving_loop
+    assert not any(load in solving_loop for load in INPUT_LOADS)
+    # Before it: the gates' loop computes them only where the switch does not hold.
+    head = text[: text.index(SOLVING_LOOP)]
+    assert head.count("if cutlass.const_expr(not gates_in_loop):") == 1
+    assert head.count("x = a_tokens[t] + bias") == 1
+
+    others = [STEPWISE["k_last"], *(dict(k, preload_tokens=True) for k in STEPWISE.values()), ILP4]
+    for knobs in others:
+        assert not Variant(**knobs).gates_in_token_loop_behind_slot_table, knobs
+        assert "gates_in_loop" not in kernel_text(knobs), knobs

@@ -186,6 +186,21 @@ class Variant(_Strict):
         return self.solve == "stepwise" and self.preload_tokens and self.ilp <= 2
 
     @property
+    def gates_in_token_loop_behind_slot_table(self) -> bool:
+        """Whether, behind a per-token slot table (vLLM's spec form), the preloading stepwise
+        kernels that convert the state as it is loaded (ILP > 2) compute each token's gates in the
+        token loop instead of before it. Before it, ptxas placed the tokens' q, k and v loads
+        behind the gates' arithmetic, which waits for the gates' loads, which went out after the
+        state arrived; in the loop, every token's loads go out ahead of the state's
+        (docs/design.md, "Call forms")."""
+        return (
+            self.solve == "stepwise"
+            and self.preload_tokens
+            and self.layout == "k_last"
+            and not self.holds_state_behind_slot_table
+        )
+
+    @property
     def state_raw_until_use(self) -> str:
         """Where a 16-bit state stays in its own dtype until the solve's first use of it (the
         templates' tile_load): "always" (the staged solve in one pass, whose staging runs while
