@@ -244,15 +244,15 @@ def test_the_default_cache_follows_the_environment(monkeypatch, tmp_path):
 
 def test_reachable_variants_are_every_variant_some_batch_size_gets():
     table = h200.dispatch.TABLE
-    # Every batch*heads up to DENSE, then every 7th: a rule's range past DENSE is wider than 7,
-    # so no range is stepped over (tuned tables have ranges of 2-4 at small batch*heads).
-    dense = 128
-    assert all(
-        r.batch_heads.hi - r.batch_heads.lo >= 7
-        for r in table
-        if r.batch_heads.hi is not None and r.batch_heads.hi > dense
-    )
-    points = [*range(1, dense + 1), *range(dense + 1, 40000, 7), 10**6, 10**8]
+    # Every batch*heads up to 128, and each point where some rule's range starts or ends (and
+    # the one past it): between two such points no range starts or ends, so the first match is
+    # the same at every batch*heads there.
+    edges = {10**8}
+    for rule in table:
+        edges |= {rule.batch_heads.lo - 1, rule.batch_heads.lo}
+        if rule.batch_heads.hi is not None:
+            edges |= {rule.batch_heads.hi, rule.batch_heads.hi + 1}
+    points = sorted((set(range(1, 129)) | edges) - {0})
     for layout, state_dtype in h200.INFO.served:
         for head in sorted({(g.K, g.V) for g in h200.INFO.geometries}):
             for tokens in (1, 3, 8):
