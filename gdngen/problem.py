@@ -148,7 +148,10 @@ class PackedProblem:
     max_seqlen), which only initial states are read from; ``slots="row"`` gives [N] indices. ``cache="rows"`` is SGLang's
     verify form: a pool-row intermediate buffer of ``cache_rows`` rows named per sequence.
     ``mixed_lengths`` draws each sequence's length from 1..tokens (the first padded row gets 0);
-    otherwise every sequence has ``tokens`` tokens. ``flat`` passes q/k/v as [total, heads, dim],
+    otherwise every sequence has ``tokens`` tokens. ``buffer_tokens`` sizes the token buffer
+    past ``cu_seqlens[-1]`` (unused tokens after the live ones, as an engine pads its token
+    buffer to a captured size); ``uniform_seqlen`` passes the caller's promise that sequence n
+    starts at n * tokens. ``flat`` passes q/k/v as [total, heads, dim],
     ``mixed_qkv`` as one [total, 2*H*K + HV*V] buffer (a, b as row-strided [total, HV] views).
     """
 
@@ -173,6 +176,8 @@ class PackedProblem:
     extra_columns: int = 0
     wide_table: int = 0
     pool_size: int | None = None
+    buffer_tokens: int | None = None
+    uniform_seqlen: bool = False
     seed: int = 0
 
     def with_(self, **changes) -> "PackedProblem":
@@ -197,6 +202,13 @@ class PackedProblem:
         cu = torch.zeros(N + 1, dtype=torch.int64)
         cu[1:] = lengths.cumsum(0)
         total = max(int(cu[-1]), 1)
+        if self.buffer_tokens is not None:
+            if self.buffer_tokens < total:
+                raise ValueError(
+                    f"buffer_tokens: expected at least the {total} tokens of the sequences; "
+                    f"got {self.buffer_tokens}"
+                )
+            total = self.buffer_tokens
 
         def randn(*shape, dtype=torch.bfloat16, std=1.0):
             return (torch.randn(*shape, generator=gen) * std).to(dtype).to(device)
@@ -256,4 +268,6 @@ class PackedProblem:
         args["disable_state_update"] = self.disable_state_update
         args["cu_seqlens"] = cu.to(index).to(device)
         args["max_seqlen"] = T
+        if self.uniform_seqlen:
+            args["uniform_seqlen"] = True
         return args

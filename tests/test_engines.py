@@ -167,12 +167,13 @@ def _packed_tokens(total):
 )
 def test_signatures_are_the_engines(method, expected):
     """Same names, order and defaults as the engine's function (so positional and keyword
-    calls both work); the only addition is the keyword-only max_seqlen."""
+    calls both work); the only additions are the keyword-only max_seqlen and uniform_seqlen."""
     parameters = list(inspect.signature(method).parameters.values())[1:]  # past self
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert [(p.name, p.default) for p in positional] == expected
     extra = {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert extra == ({} if "packed" in method.__name__ else {"max_seqlen": None})
+    added = {"max_seqlen": None, "uniform_seqlen": False}
+    assert extra == ({} if "packed" in method.__name__ else added)
     assert len(positional) + len(extra) == len(parameters)
 
 
@@ -296,21 +297,26 @@ def test_vllm_dense_call_splits_token_major_gates():
     )
 
 
+@pytest.mark.parametrize("uniform", [None, True])
 @pytest.mark.parametrize("adapter", [VllmGdn, SglangGdn])
-def test_max_seqlen_can_be_given(adapter):
+def test_max_seqlen_and_the_uniform_promise_can_be_given(adapter, uniform):
+    """max_seqlen reaches gdn_decode; so does uniform_seqlen, off unless the engine says so
+    (the adapters never infer it: only the engine knows every sequence has max_seqlen tokens)."""
     fake = Recorder()
+    promise = {} if uniform is None else dict(uniform_seqlen=uniform)
     args = _packed_tokens(6)
     method = adapter(fake).fused_sigmoid_gating_delta_rule_update
     cu_seqlens = torch.tensor([0, 3, 6], dtype=i32)
     indices = torch.tensor([1, 2], dtype=i32)
     if adapter is VllmGdn:
         method(**args, initial_state=torch.zeros(3, HV, V, K), cu_seqlens=cu_seqlens,
-               ssm_state_indices=indices, max_seqlen=3)  # fmt: skip
+               ssm_state_indices=indices, max_seqlen=3, **promise)  # fmt: skip
     else:
         method(**args, initial_state_source=torch.zeros(3, HV, V, K),
                initial_state_indices=indices, cu_seqlens=cu_seqlens, softplus_beta=1.0,
-               softplus_threshold=20.0, max_seqlen=3)  # fmt: skip
+               softplus_threshold=20.0, max_seqlen=3, **promise)  # fmt: skip
     assert fake.last["max_seqlen"] == 3
+    assert fake.last["uniform_seqlen"] is bool(uniform)
 
 
 def _vllm_call(fake, **changes):

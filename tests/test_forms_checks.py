@@ -245,6 +245,17 @@ BAD = [
      [f"max_seqlen: expected an int ({MAX_SEQLEN}); got Tensor"]),
     ("max_seqlen_without_cu_seqlens", "dense", lambda a: dict(max_seqlen=2), ValueError,
      ["max_seqlen: only a packed call (cu_seqlens) takes it; a dense call's T is q.shape[1]"]),
+    ("uniform_seqlen_dense", "dense", lambda a: dict(uniform_seqlen=True), ValueError,
+     ["uniform_seqlen: places sequence n at n * max_seqlen, so it needs a packed call (cu_seqlens) "
+      "with max_seqlen; got cu_seqlens=None, max_seqlen=None"]),
+    ("uniform_seqlen_without_max_seqlen", "packed", lambda a: dict(uniform_seqlen=True), ValueError,
+     ["uniform_seqlen: places sequence n at n * max_seqlen, so it needs a packed call (cu_seqlens) "
+      "with max_seqlen; got cu_seqlens=a tensor, max_seqlen=None"]),
+    ("uniform_seqlen_int", "packed", lambda a: dict(uniform_seqlen=1, max_seqlen=3), TypeError,
+     ["uniform_seqlen: expected a bool, got int"]),
+    ("uniform_seqlen_short_buffer", "packed", lambda a: dict(uniform_seqlen=True, max_seqlen=3),
+     ValueError, ["uniform_seqlen: places sequence n at n * max_seqlen, so the token buffer must "
+                  "hold N * max_seqlen = 3 * 3 = 9 tokens; got 6"]),
     ("packed_dense_state_rows", "packed", lambda a: dict(initial_state=pool()[:2], initial_state_indices=None),
      ValueError, ["initial_state: without initial_state_indices the state is per sequence, so its dim 0 must be "
                   "N=3; got [2, 32, 128, 128]"]),
@@ -513,23 +524,54 @@ def test_forms_give_distinct_compile_keys():
     assert len(keys) == 8
 
 
-def test_the_shapes_pick_uniform_rows_and_an_exact_slot_table():
-    """N sequences in N * max_seqlen tokens are uniform (none is longer than max_seqlen), so
-    their tokens are placed without cu_seqlens; a per-token table of exactly max_seqlen columns
-    is loaded whole beside num_accepted_tokens. Anything else keeps the general kernel."""
-    uniform = key(check(packed([3, 3, 3], max_seqlen=3)))
-    assert uniform.uniform_rows and not uniform.exact_slot_table
-    for seqlens, max_seqlen in (([3, 2, 3], 3), ([3, 3, 3], 4), ([3, 0, 3], 3)):
-        assert not key(check(packed(seqlens, max_seqlen=max_seqlen))).uniform_rows, seqlens
+def test_uniform_rows_come_from_the_callers_promise_never_the_shapes():
+    """Sequence n is placed at n * max_seqlen only where the call says uniform_seqlen=True: a
+    buffer of exactly N * max_seqlen tokens proves nothing, as it may hold shorter sequences and
+    unused tokens past cu_seqlens[-1] (an engine's graph-padded token buffer)."""
+    assert not key(check(packed([3, 3, 3], max_seqlen=3))).uniform_rows
+    # 2 + 3 + 1 live tokens in a buffer of 9 = 3 * 3: not uniform, whatever its length says
+    padded_buffer = packed([3, 3, 3], max_seqlen=3, cu_seqlens=cu([2, 3, 1]))
+    assert not key(check(padded_buffer)).uniform_rows
+    for seqlens, max_seqlen in (([3, 3, 3], 3), ([3, 2, 3], 3), ([2, 2], 4)):
+        # a buffer of N * max_seqlen tokens, whatever cu_seqlens holds (the kernel checks it)
+        buffer = [max_seqlen] * len(seqlens)
+        promised = packed(
+            buffer, max_seqlen=max_seqlen, cu_seqlens=cu(seqlens), uniform_seqlen=True
+        )
+        assert key(check(promised)).uniform_rows, seqlens
     assert not key(check(dense(T=3))).uniform_rows  # dense rows are placed by shape anyway
+
+
+def test_an_exact_slot_table_is_read_off_the_table_shape():
+    """A per-token table of exactly max_seqlen columns is loaded whole beside
+    num_accepted_tokens; its width is a fact of the tensor, so the shapes may pick it."""
     slots = ints([[1, 2, 3], [4, 5, 6]])
     spec = dict(initial_state_indices=slots, num_accepted_tokens=ints([1, 3]))
     exact = key(check(packed([3, 3], max_seqlen=3, **spec)))
-    assert exact.uniform_rows and exact.exact_slot_table
+    assert exact.exact_slot_table and not exact.uniform_rows
+    both = key(check(packed([3, 3], max_seqlen=3, uniform_seqlen=True, **spec)))
+    assert both.uniform_rows and both.exact_slot_table
     wide = key(check(packed([2, 2], max_seqlen=2, **spec)))  # 1 + S = 3 > T = 2
-    assert wide.uniform_rows and not wide.exact_slot_table
+    assert not wide.exact_slot_table
     assert key(check(table(initial_state_indices=ints([[1, 2], [3, 4]])))).exact_slot_table
     assert not key(check(table())).exact_slot_table  # [2, 3] at T = 2
+
+
+def test_the_uniform_promise_joins_the_signature():
+    """Two calls that differ only in uniform_seqlen compile different kernels, so the promise
+    must be part of the signature the launcher keeps (and a buffer's length no longer is)."""
+    from gdngen.runtime.launcher import call_key
+
+    def signature(args):
+        args = on_fake_cuda(args)
+        return call_key(**{n: args[n] for n in DEFAULTS})
+
+    plain = signature(packed([2, 2], max_seqlen=2))
+    promised = signature(packed([2, 2], max_seqlen=2, uniform_seqlen=True))
+    assert promised != plain
+    assert signature(packed([2, 2], max_seqlen=2, cu_seqlens=cu([1, 2]))) == plain
+    # a buffer too short for the promise must reach the full checks (which refuse it)
+    assert signature(packed([2, 1], max_seqlen=2, uniform_seqlen=True)) != promised
 
 
 # -- kernel_views: mixed_qkv and the flat packed forms -----------------------------------------------
@@ -876,6 +918,9 @@ INDEX_OK = [
                                                          disable_state_update=True)),
     ("padded_row_writes_nothing", lambda: dense(initial_state_indices=ints([-1, 1]), output_state_indices=ints([5, 5]))),
     ("packed_table_rows_read_from_num_accepted", lambda: packed_table(num_accepted_tokens=ints([1, 1, 4]))),
+    ("uniform_seqlen_kept", lambda: packed((3, 3, 3), max_seqlen=3, uniform_seqlen=True)),
+    ("uniform_seqlen_graph_padded", lambda: packed((3, 3, 3), max_seqlen=3, uniform_seqlen=True,
+                                                   cu_seqlens=ints([0, 3, 3, 3]))),
 ]
 # fmt: on
 
@@ -937,6 +982,14 @@ INDEX_BAD = [
      ["intermediate_state_indices: row 1 of intermediate_states_buffer is written by more than one batch row"]),
     ("cache_row_null_slot_0_twice", lambda: cache_rows(null_slot=0, initial_state_indices=ints([1, 1]), disable_state_update=True, intermediate_state_indices=ints([2, 2])),
      ["intermediate_state_indices: row 2 of intermediate_states_buffer"]),
+    ("uniform_seqlen_broken", lambda: packed((3, 3, 3), max_seqlen=3, uniform_seqlen=True,
+                                             cu_seqlens=cu((2, 1, 3))),
+     ["cu_seqlens: entry 1 is 2; expected sequence n at n * max_seqlen (uniform_seqlen=True, "
+      "max_seqlen=3); an empty sequence may start anywhere"]),
+    ("uniform_seqlen_short_last", lambda: packed((3, 3, 3), max_seqlen=3, uniform_seqlen=True,
+                                                 cu_seqlens=cu((3, 3, 2))),
+     ["cu_seqlens: entry 3 is 8; expected sequences of max_seqlen=3 tokens or none "
+      "(uniform_seqlen=True)"]),
     ("cache_row_packed_past_R", lambda: packed(max_seqlen=3, intermediate_states_buffer=cache(2, 3),
                                                intermediate_state_indices=ints([0, 1, 2])),
      ["intermediate_state_indices: entry 2 is 2; expected a row 0..1 of intermediate_states_buffer"]),

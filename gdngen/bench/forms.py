@@ -4,7 +4,8 @@ the peers (docs/design.md, "Call forms" and "Measuring").
 Two tables, each cell timed side by side in one process (gdngen.measure.timing):
 
 - **spec decode**: vLLM's form (tokens packed with ``cu_seqlens``, a [N, 1 + S] per-token slot
-  table with ``num_accepted_tokens``, slot 0 as padding) against the positional form of the same
+  table with ``num_accepted_tokens``, slot 0 as padding; placed from ``cu_seqlens``, and again
+  with the caller's ``uniform_seqlen`` promise) against the positional form of the same
   dispatch (q as [B, T], [B] slots, a [B, T, ...] intermediate buffer, no final write), FlashInfer's
   multi-token path on the positional form, and FLA's varlen ``fused_recurrent_gated_delta_rule``
   (dense per-sequence state, final state returned). All four process the same tokens.
@@ -30,6 +31,9 @@ from gdngen.measure.environment import environment
 from gdngen.measure.impls import FLA, FlashInfer
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
+
+#: the spec form with the caller's promise that every sequence has max_seqlen tokens
+UNIFORM = "gdngen spec form, uniform_seqlen"
 
 
 def spec_sets(target, problem: PackedProblem, count: int):
@@ -84,17 +88,26 @@ def run_spec_cell(target, flashinfer, fla, batch: int, tokens: int, state_dtype:
     # the state after each token into the table's slots, compared in slices of rows.
     spec, positional = sets[0]
     out_pos, _ = check(**positional)
-    out_spec, _ = call(**spec)
-    assert torch.equal(out_spec[0].view(batch, tokens, problem.HV, problem.V), out_pos), "outputs"
     table = spec["initial_state_indices"].long()
     buffer = positional["intermediate_states_buffer"]  # [N, T, HV, V, K]
-    for rows in torch.arange(batch, device=table.device).split(64):
-        states = spec["initial_state"][table[rows]]
-        assert torch.equal(states, buffer[rows]), "per-token states"
+    # Both placements of the spec form: from cu_seqlens (the default), and at n * T where the
+    # caller promises uniform_seqlen (every sequence here has T tokens). A spec call may write
+    # a token's state over its row's initial slot, so the initial states are put back between.
+    read = positional["initial_state_indices"].long()
+    initial = spec["initial_state"][read].clone()
+    for promise in (False, True):
+        spec["initial_state"][read] = initial
+        out_spec, _ = call(**spec, uniform_seqlen=promise)
+        got = out_spec[0].view(batch, tokens, problem.HV, problem.V)
+        assert torch.equal(got, out_pos), f"outputs (uniform_seqlen={promise})"
+        for rows in torch.arange(batch, device=table.device).split(64):
+            states = spec["initial_state"][table[rows]]
+            assert torch.equal(states, buffer[rows]), f"per-token states ({promise})"
 
     outputs = [torch.empty_like(out_pos) for _ in sets]
     runs = {
         "gdngen spec form": [lambda s=s: call(**s) for s, _ in sets],
+        UNIFORM: [lambda s=s: call(**s, uniform_seqlen=True) for s, _ in sets],
         "gdngen positional": [
             lambda p=p, o=o: call(**p, output=o) for (_, p), o in zip(sets, outputs)
         ],
@@ -195,19 +208,20 @@ def markdown(records: list[dict], env: dict) -> str:
         lines += [
             "| T | B | state | variant | "
             + " | ".join(f"{n} µs" for n in names)
-            + " | spec / positional | flashinfer / spec | fla / spec |",
-            "|" + "---|" * (7 + len(names)),
+            + " | spec / positional | uniform / positional | flashinfer / spec | fla / spec |",
+            "|" + "---|" * (8 + len(names)),
         ]
         for r in spec:
             us = r["us"]
             s, p = us["gdngen spec form"], us["gdngen positional"]
+            u = us.get(UNIFORM)
             fi = us.get("flashinfer mtp (positional)")
             fl = us.get("fla varlen")
             lines.append(
                 f"| {r['tokens']} | {r['batch']} | {r['state_dtype']} | {variants(r)} | "
                 + " | ".join(f"{us[n]:.2f}" if n in us else "-" for n in names)
-                + f" | {s / p:.3f} | {fi / s if fi else float('nan'):.2f} | "
-                f"{fl / s if fl else float('nan'):.2f} |"
+                + f" | {s / p:.3f} | {u / p if u else float('nan'):.3f} | "
+                f"{fi / s if fi else float('nan'):.2f} | {fl / s if fl else float('nan'):.2f} |"
             )
         for peer in ("flashinfer mtp (positional)", "fla varlen"):
             ratios = [r["us"][peer] / r["us"]["gdngen spec form"] for r in spec if peer in r["us"]]
@@ -216,8 +230,10 @@ def markdown(records: list[dict], env: dict) -> str:
                 lines.append(
                     f"\n{peer} / spec form: geometric mean {geo:.2f}x over {len(ratios)} cells"
                 )
-        worst = max(r["us"]["gdngen spec form"] / r["us"]["gdngen positional"] for r in spec)
-        lines.append(f"\nworst spec / positional: {worst:.3f}")
+        for name in ("gdngen spec form", UNIFORM):
+            ratios = [r["us"][name] / r["us"]["gdngen positional"] for r in spec if name in r["us"]]
+            if ratios:
+                lines.append(f"\nworst {name} / positional: {max(ratios):.3f}")
     mixed = [r for r in records if r["table"] == "mixed"]
     if mixed:
         lines += [

@@ -4,11 +4,12 @@ A kernel row is one batch row of a dense call, or one sequence of a packed (varl
 call forms that decide this (docs/design.md, "Call forms") are compile-time inputs, so each helper
 returns plain DSL values and the kernel body reads the same names whatever the form:
 
-- ``row_tokens``: the row's T token positions along dim 1 of q, k, v, a, b and the output, and
-  which of them are live. A packed sequence has ``cu_seqlens[n + 1] - cu_seqlens[n] <= T``
-  tokens; the positions past its end repeat its last token (always a valid address) and are not
-  live: the kernel gives them no decay and no write strength, so they leave the state unchanged,
-  and stores nothing for them.
+- ``row_tokens``: the row's T token positions along dim 1 of q, k, v, a, b and the output,
+  which of them are live, and (uniform rows) whether the row's sequence is where they are. A
+  packed sequence has ``cu_seqlens[n + 1] - cu_seqlens[n] <= T`` tokens; the positions past its
+  end repeat its last token (or, in uniform rows, stay in the buffer) and are not live: the
+  kernel gives them no decay and no write strength, so they leave the state unchanged, and
+  stores nothing for them.
 - ``row_slots``: the state slot read, the slot written (or the per-token slot table), and whether
   the row owns them. A slot ``<= null_slot`` is padding: the row outputs zeros and touches no
   state. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
@@ -37,29 +38,40 @@ def _clamp(value, lo, hi):
 
 
 def row_tokens(n64, T: int, cu_seqlens, total_tokens, uniform: bool = False):
-    """``(batch_row, token_at, token_live)``: the index of dim 0 and T (position, live) pairs.
-    ``uniform``: packed rows of T tokens each (CompileKey.uniform_rows), placed without reading
-    cu_seqlens."""
+    """``(batch_row, token_at, token_live, placed)``: the index of dim 0, T (position, live)
+    pairs, and whether the row's sequence fits them (None: always), without which the row owns
+    no slot (row_slots).
+    ``uniform``: the caller promised that sequence n starts at n * T (CompileKey.uniform_rows,
+    the call's ``uniform_seqlen``): the positions are computed without waiting for cu_seqlens,
+    which is read beside them only for ``placed``."""
     if cu_seqlens is None:
         # Dense rows: token t of row n sits at [n, t]; all T are live (a constant true).
-        return n64, list(range(T)), [Int64(t) < Int64(T) for t in range(T)]
+        return n64, list(range(T)), [Int64(t) < Int64(T) for t in range(T)], None
+    total = Int64(total_tokens)
+    start = Int64(cu_seqlens[n64])
     if uniform:
-        # N sequences in N * T tokens, none longer than T: each has T, sequence n's from n * T.
-        # No position waits for a load (docs/perf/h100-2026-11-26-spec-chains.md).
+        # Sequence n's T tokens from n * T (the checks made sure the buffer holds N * T): no
+        # position waits for a load, and every token is live; a clamp per token here cost up
+        # to 20% at B = 1 (docs/perf/h100-2026-11-27-packed-buffer.md). The promise is checked
+        # off the load path: a row whose sequence is not exactly there (another start, another
+        # length) is not placed, so it owns no slot (RowSlots.owned) and stores no state; its
+        # outputs are not computed (docs/design.md, "Call forms").
         first = n64 * T
-        return Int64(0), [first + t for t in range(T)], [Int64(t) < Int64(T) for t in range(T)]
+        placed = (start == first) & (Int64(cu_seqlens[n64 + 1]) - start == Int64(T))
+        token_at = [first + t for t in range(T)]
+        return Int64(0), token_at, [Int64(t) < Int64(T) for t in range(T)], placed
     # The span is bounded to the buffer once, whatever cu_seqlens holds (its values are checked
     # on request only); then a position is a 32-bit min and an add. Every token's loads wait for
     # these: a select and a 64-bit clamp per token put ~280 more instructions before them at
     # T = 8 (sm_90a SASS, docs/perf/h100-2026-11-24-packed-rows.md).
-    total = Int64(total_tokens)
-    start = Int64(cu_seqlens[n64])
     first = _clamp(start, Int64(0), total - 1)
     length = _clamp(Int64(cu_seqlens[n64 + 1]) - start, Int64(0), total - first)
     last = Int32(cutlass.max(length - 1, Int64(0)))  # the offset of the row's last token
     token_at = [first] + [first + Int64(cutlass.min(Int32(t), last)) for t in range(1, T)]
     token_live = [Int64(t) < length for t in range(T)]
-    return Int64(0), token_at, token_live
+    # A sequence longer than T is a bad index (only reachable with index checks off): the row
+    # owns no slot, so it stores no state, and its first T tokens' outputs show NaN.
+    return Int64(0), token_at, token_live, length <= Int64(T)
 
 
 def row_span(n64, T: int, cu_seqlens):
@@ -75,18 +87,40 @@ def row_span(n64, T: int, cu_seqlens):
 class RowSlots:
     read: object  # Int64 slot the initial state comes from
     write: object  # Int64 slot the final state goes to (the read slot without separate slots)
-    owned: object  # Boolean: the slots are live and in the pool
+    owned: object  # Boolean: the slots are live and in the pool (and the row is placed)
     padded: object  # Boolean: a slot is padding (zero output), not a bad index (NaN output)
     #: a per-token table of exactly T columns: every column, loaded up front (token_slot)
     columns: list | None = None
+    #: Boolean: the read slot may be loaded (owned, before the placement check, so that the
+    #: state's load waits for the slots alone; a row found unplaced stores nothing)
+    readable: object = None
+
+    def __post_init__(self):
+        if self.readable is None:
+            self.readable = self.owned
 
 
 def row_slots(
     n64, read_slots, write_slots, num_accepted, per_token_slots: bool, null_slot: int, pool_size,
-    exact_table_tokens: int = 0,
+    exact_table_tokens: int = 0, placed=None,
 ) -> RowSlots:  # fmt: skip
     """The row's state slots (see the module docstring). ``exact_table_tokens``: T where the
-    per-token table has exactly T columns (CompileKey.exact_slot_table), else 0."""
+    per-token table has exactly T columns (CompileKey.exact_slot_table), else 0. ``placed``
+    (row_tokens): where false, the row owns no slot (it may still read its read slot, which
+    is the call's; it writes nothing); a padding slot still makes it padding."""
+    slots = _row_slots(
+        n64, read_slots, write_slots, num_accepted, per_token_slots, null_slot, pool_size,
+        exact_table_tokens,
+    )  # fmt: skip
+    if placed is not None:
+        slots.owned = slots.owned & placed
+    return slots
+
+
+def _row_slots(
+    n64, read_slots, write_slots, num_accepted, per_token_slots: bool, null_slot: int, pool_size,
+    exact_table_tokens: int,
+) -> RowSlots:  # fmt: skip
     if read_slots is None:
         # A dense state: row n uses slot n, which the checks made sure exists.
         owned = (n64 >= 0) & (n64 < pool_size)

@@ -113,6 +113,7 @@ class EngineAdapter:
         intermediate_state_indices=None,
         intermediate_conv_window=None,
         disable_state_update=False,
+        uniform_seqlen=False,
     ):
         """The layer's whole decode core in one kernel (docs/engines.md, "The fused core"): the
         causal conv1d update on the pre-conv ``mixed_qkv``, the gated delta recurrence, and the
@@ -133,6 +134,8 @@ class EngineAdapter:
           the states and conv windows after every draft token at the rows
           ``intermediate_state_indices [N]``, usually with ``disable_state_update=True`` (then
           neither state is written). The token bound is then the buffer's steps.
+        - ``uniform_seqlen``: the engine's promise that sequence n starts at
+          ``n * max_query_len`` (see gdn_decode's argument of that name).
 
         Returns the normed output, shaped as ``z``."""
         packed = query_start_loc is not None
@@ -160,6 +163,7 @@ class EngineAdapter:
                 null_slot=self.null_slot,
                 cu_seqlens=query_start_loc,
                 max_seqlen=max_query_len,
+                uniform_seqlen=uniform_seqlen,
                 output=out,
                 z=z,
                 norm_weight=norm_weight,

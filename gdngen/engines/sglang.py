@@ -66,6 +66,7 @@ class SglangGdn(EngineAdapter):
         match_cutedsl_decode=False,
         *,
         max_seqlen=None,
+        uniform_seqlen=False,
     ):
         """Decode and target verify through the pool ``initial_state_source [slots, HV, V, K]``
         at ``initial_state_indices [N]``.
@@ -77,8 +78,10 @@ class SglangGdn(EngineAdapter):
         and ``cache_steps`` (the draft tokens per sequence, the compile-time T), usually with
         ``disable_state_update=True``. The token bound is ``cache_steps`` when given, else the
         buffer's steps with a buffer, else 1; ``max_seqlen`` (an addition, keyword only)
-        overrides it. Rows past N of the index tensors are not read (SGLang sizes them for its
-        padded batch). Without ``cu_seqlens`` the call is dense: q ``[B, T, H, K]``, a, b
+        overrides it; ``uniform_seqlen`` (keyword only) promises that sequence n starts at
+        ``n * max_seqlen``, as in target verify with a fixed draft length, so the kernel places
+        the tokens without waiting for ``cu_seqlens``. Rows past N of the index tensors are not
+        read (SGLang sizes them for its padded batch). Without ``cu_seqlens`` the call is dense: q ``[B, T, H, K]``, a, b
         ``[B * T, HV]`` or ``[B, T, HV]``. Returns the output, shaped as v, as SGLang's op does.
         """
         for name, value, served in (
@@ -147,6 +150,7 @@ class SglangGdn(EngineAdapter):
                 null_slot=self.null_slot,
                 cu_seqlens=cu_seqlens,
                 max_seqlen=max_seqlen,
+                uniform_seqlen=uniform_seqlen,
             ),
         )
         return output

@@ -54,6 +54,7 @@ class VllmGdn(EngineAdapter):
         is_kda=False,
         *,
         max_seqlen=None,
+        uniform_seqlen=False,
     ):
         """Decode and speculative verify through the pool ``initial_state [slots, HV, V, K]``.
 
@@ -69,7 +70,11 @@ class VllmGdn(EngineAdapter):
         Rows past N of the index tensors are not read (vLLM sizes them for its padded batch).
         Without ``cu_seqlens`` the call is dense: q ``[B, T, H, K]``, a, b ``[B * T, HV]`` or
         ``[B, T, HV]``. ``max_seqlen`` (an addition, keyword only) overrides the token bound
-        taken from the index shape. Returns ``(output, initial_state)``, the output shaped as v.
+        taken from the index shape. ``uniform_seqlen`` (an addition, keyword only): pass True
+        only where the engine knows that sequence n starts at ``n * max_seqlen`` (every live
+        sequence has ``max_seqlen`` tokens, as with a fixed number of draft tokens); the
+        kernel then places the tokens without waiting for ``cu_seqlens`` (docs/engines.md).
+        Returns ``(output, initial_state)``, the output shaped as v.
         """
         for name, value, served in (
             ("beta", beta, 1.0),
@@ -137,5 +142,6 @@ class VllmGdn(EngineAdapter):
                 null_slot=self.null_slot,
                 cu_seqlens=cu_seqlens,
                 max_seqlen=max_seqlen,
+                uniform_seqlen=uniform_seqlen,
             ),
         )

@@ -69,6 +69,8 @@ class Call:
     num_accepted: torch.Tensor | None = None
     cache_rows: torch.Tensor | None = None
     total_tokens: int | None = None
+    #: the caller's promise that sequence n starts at n * T (``uniform_seqlen``)
+    uniform_seqlen: bool = False
     #: the gated RMSNorm epilogue (gdngen.runtime.norm_checks); None without it
     norm: GatedNorm | None = None
     #: the conv1d prologue (gdngen.runtime.conv_checks); None without it
@@ -99,9 +101,11 @@ class Call:
 
     @property
     def uniform_rows(self) -> bool:
-        """A packed call whose N sequences hold N * T tokens: as no sequence is longer than T,
-        every one has T, and sequence n's tokens are at n * T (the kernel reads no cu_seqlens)."""
-        return self.packed and self.total_tokens == self.batch * self.tokens
+        """A packed call whose caller promised ``uniform_seqlen``: sequence n's tokens are placed
+        at n * T without waiting for cu_seqlens, which the kernel reads beside them to check the
+        promise (a row it breaks owns no slot). Never inferred from shapes: a token buffer of
+        N * T tokens can hold shorter sequences and unused tokens after cu_seqlens[-1]."""
+        return self.packed and self.uniform_seqlen
 
     @property
     def exact_slot_table(self) -> bool:
@@ -150,6 +154,7 @@ def check_call(
     null_slot=-1,
     cu_seqlens=None,
     max_seqlen=None,
+    uniform_seqlen=False,
     num_accepted_tokens=None,
     intermediate_state_indices=None,
     z=None,
@@ -188,6 +193,7 @@ def check_call(
     for flag_name, flag in (
         ("use_qk_l2norm", use_qk_l2norm),
         ("disable_state_update", disable_state_update),
+        ("uniform_seqlen", uniform_seqlen),
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name}: expected a bool, got {type(flag).__name__}")
@@ -226,6 +232,17 @@ def check_call(
     elif max_seqlen is not None:
         raise ValueError(
             "max_seqlen: only a packed call (cu_seqlens) takes it; a dense call's T is q.shape[1]"
+        )
+    if uniform_seqlen and max_seqlen is None:
+        raise ValueError(
+            "uniform_seqlen: places sequence n at n * max_seqlen, so it needs a packed call "
+            f"(cu_seqlens) with max_seqlen; got cu_seqlens={'a tensor' if packed else None}, "
+            "max_seqlen=None"
+        )
+    if uniform_seqlen and total_tokens < rows * T:
+        raise ValueError(
+            f"uniform_seqlen: places sequence n at n * max_seqlen, so the token buffer must hold "
+            f"N * max_seqlen = {rows} * {T} = {rows * T} tokens; got {total_tokens}"
         )
     token_dims = (1, total_tokens) if packed else (rows, q.shape[1])
     if k.dtype != q.dtype:
@@ -498,6 +515,7 @@ def check_call(
         num_accepted=num_accepted,
         cache_rows=cache_rows,
         total_tokens=total_tokens,
+        uniform_seqlen=uniform_seqlen,
         norm=norm,
         conv=conv,
     )
@@ -507,7 +525,9 @@ def check_index_values(call: Call) -> None:
     """Opt-in (check_indices=True): every index value the kernels would act on, checked.
 
     Slots in range (``<= null_slot`` is padding), no slot written by two rows, ``cu_seqlens``
-    ascending within the packed tokens with no sequence longer than T, ``num_accepted_tokens`` in
+    ascending within the packed tokens with no sequence longer than T (and, with
+    ``uniform_seqlen``, every non-empty sequence n of T tokens at n * T),
+    ``num_accepted_tokens`` in
     ``[1, 1 + S]``, cache rows inside the buffer. This reads the indices back to the host, so it
     synchronises; the kernels themselves never touch a slot outside the pool whatever the
     indices hold (a bad index shows as NaN output instead).
@@ -543,6 +563,18 @@ def check_index_values(call: Call) -> None:
             "cu_seqlens", cu[1:], lengths > call.tokens,
             f"sequences of at most max_seqlen={call.tokens} tokens", skip=1,
         )  # fmt: skip
+        if call.uniform_seqlen:
+            starts = torch.arange(call.batch) * call.tokens
+            first_bad(
+                "cu_seqlens", cu[:-1], (lengths > 0) & (cu[:-1] != starts),
+                f"sequence n at n * max_seqlen (uniform_seqlen=True, max_seqlen={call.tokens}); "
+                "an empty sequence may start anywhere",
+            )  # fmt: skip
+            first_bad(
+                "cu_seqlens", cu[1:], (lengths > 0) & (lengths != call.tokens),
+                f"sequences of max_seqlen={call.tokens} tokens or none (uniform_seqlen=True)",
+                skip=1,
+            )  # fmt: skip
     live_tokens = torch.full((call.batch,), call.tokens) if lengths is None else lengths
 
     writes: list[torch.Tensor] = []  # per row, the slots it writes (padding left out)

@@ -62,8 +62,8 @@ class Form:
     #: tokens packed with cu_seqlens (of the index dtype, int32 without slots)
     packed: bool = False
     null_slot: int = -1
-    #: packed rows of T tokens each, a per-token table of exactly T columns (CompileKey's
-    #: uniform_rows and exact_slot_table: the shapes of a call pick them)
+    #: packed rows placed at n * T (the call's uniform_seqlen promise), a per-token table of
+    #: exactly T columns (its shape): CompileKey's uniform_rows and exact_slot_table
     uniform_rows: bool = False
     exact_slot_table: bool = False
 
@@ -144,8 +144,8 @@ def spec_forms(build) -> list[Form]:
         for slots in build.slots
         for packed in build.packed
         for null_slot in build.null_slots
-        # a packed call's kernel depends on whether its rows are uniform, a spec call's on
-        # whether its slot table is exactly T wide: both kinds are built
+        # a packed call's kernel depends on whether its caller promises uniform rows, a spec
+        # call's on whether its slot table is exactly T wide: both kinds are built
         for uniform in ((False, True) if packed else (False,))
         for exact in ((False, True) if mode == "spec" and slots != "none" else (False,))
     ]

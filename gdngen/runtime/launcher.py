@@ -73,9 +73,9 @@ def call_key(
     q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
     initial_state_indices, output_state_indices, intermediate_states_buffer,
     disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
-    num_accepted_tokens=None, intermediate_state_indices=None, z=None, norm_weight=None,
-    norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None, conv_bias=None,
-    conv_activation="silu", intermediate_conv_windows=None,
+    uniform_seqlen=False, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
+    norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None,
+    conv_bias=None, conv_activation="silu", intermediate_conv_windows=None,
 ) -> tuple:  # fmt: skip
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
@@ -95,12 +95,15 @@ def call_key(
             cu_seqlens.get_device(),
             type(max_seqlen),
             max_seqlen,
-            # the total, or whether it is max_seqlen tokens a sequence (CompileKey.uniform_rows)
-            (
-                q.shape[1]
-                if max_seqlen is None
-                else q.shape[1] == (cu_seqlens.shape[0] - 1) * max_seqlen
-            ),
+            # without max_seqlen, the total is the call's T
+            q.shape[1] if max_seqlen is None else None,
+            # CompileKey.uniform_rows: the caller's promise, never the shapes (docs/design.md),
+            # and whether the buffer holds every row's max_seqlen tokens, which it needs
+            type(uniform_seqlen),
+            uniform_seqlen,
+            uniform_seqlen is True
+            and max_seqlen is not None
+            and q.shape[1] >= (cu_seqlens.shape[0] - 1) * max_seqlen,
         )
     return (
         dims, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,
@@ -257,6 +260,7 @@ class DecodeCall:
         null_slot=-1,
         cu_seqlens=None,
         max_seqlen=None,
+        uniform_seqlen=False,
         num_accepted_tokens=None,
         intermediate_state_indices=None,
         mixed_qkv=None,
@@ -285,7 +289,8 @@ class DecodeCall:
                 q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm,
                 initial_state, initial_state_indices, output_state_indices,
                 intermediate_states_buffer, disable_state_update, state_layout, null_slot,
-                cu_seqlens, max_seqlen, num_accepted_tokens, intermediate_state_indices, z,
+                cu_seqlens, max_seqlen, uniform_seqlen, num_accepted_tokens,
+                intermediate_state_indices, z,
                 norm_weight, norm_eps, norm_activation, conv_state, conv_weight, conv_bias,
                 conv_activation, intermediate_conv_windows,
             )  # fmt: skip
@@ -335,9 +340,10 @@ class DecodeCall:
         output=None, use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
         output_state_indices=None, intermediate_states_buffer=None, disable_state_update=False,
         state_layout="k_last", check_indices=False, null_slot=-1, cu_seqlens=None,
-        max_seqlen=None, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
-        norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None,
-        conv_weight=None, conv_bias=None, conv_activation="silu", intermediate_conv_windows=None,
+        max_seqlen=None, uniform_seqlen=False, num_accepted_tokens=None,
+        intermediate_state_indices=None, z=None, norm_weight=None, norm_eps=1e-6,
+        norm_activation="silu", conv_state=None, conv_weight=None, conv_bias=None,
+        conv_activation="silu", intermediate_conv_windows=None,
     )  # fmt: skip
 
     @classmethod

@@ -175,12 +175,13 @@ def test_every_solve_path_reads_packed_rows_of_every_length(name):
 
 @pytest.mark.parametrize("name", SOLVE_PATHS)
 def test_every_solve_path_reads_uniform_rows_and_an_exact_table(name):
-    """Every sequence of T tokens and a slot table exactly T wide: the shapes pick the kernel
-    that places the tokens without cu_seqlens and loads the table's columns up front
-    (CompileKey.uniform_rows and exact_slot_table); a padded row and every accepted count."""
+    """Every sequence of T tokens, promised with uniform_seqlen, and a slot table exactly T wide:
+    the kernel places the tokens without waiting for cu_seqlens and loads the table's columns
+    up front (CompileKey.uniform_rows and exact_slot_table); a padded row and every accepted
+    count."""
     problem = PackedProblem(
         sequences=11, tokens=4, layout=LAYOUTS[name[:2]], state_dtype=name.split("_")[1],
-        padded_rows=(2,), extra_columns=1, seed=60,
+        padded_rows=(2,), extra_columns=1, uniform_seqlen=True, seed=60,
     )  # fmt: skip
     args = run_form(h200.variant(name), problem)
     options = {n: v for n, v in DecodeCall.CHECKED.items() if n != "check_indices"}
