@@ -378,7 +378,8 @@ def test_build_then_warmup_from_the_artifacts_in_a_fresh_process(tmp_path):
     other package of the generator's), and a second build finds them all already built."""
     (tmp_path / "specs").mkdir()
     (tmp_path / "specs" / "mini.yaml").write_text(MINI_SPEC)
-    env = {"PYTHONPATH": str(tmp_path), "GDNGEN_DISK_CACHE": "0"}
+    # the mini target from tmp_path, gdngen from this checkout (not from wherever it is installed)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "GDNGEN_DISK_CACHE": "0"}
 
     def gdngen(*args):
         return subprocess.run(
