@@ -11,7 +11,7 @@ from typing import Literal
 
 Layout = Literal["k_last", "v_last"]
 StateDtype = Literal["bf16", "fp16", "fp32"]
-#: the SM targets a spec may name; gdngen.spec.sm has what each offers a kernel
+#: the SM targets a spec may name; gdngen.sm has what each offers a kernel
 SmTarget = Literal["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"]
 IndexDtype = Literal["int32", "int64"]
 #: which calls a dispatch rule serves: those that cache per-token states ("yes", speculative

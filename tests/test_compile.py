@@ -17,7 +17,7 @@ from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.resources import kernel_resources
 from gdngen.spec import load_spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX
-from gdngen.spec.sm import SM_FACTS
+from gdngen.sm import SM_FACTS
 from gdngen.terms import kernel_serves_head_dims
 
 ROOT = Path(__file__).resolve().parent.parent

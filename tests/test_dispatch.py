@@ -2,6 +2,7 @@
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -9,6 +10,7 @@ import generated.h200 as h200
 from gdngen.dispatch import (
     CallShape,
     FirstMatch,
+    Range,
     Rule,
     boundary_shapes,
     coverage_gap,
@@ -129,8 +131,8 @@ def test_unserved_call_raises_lookup_error(overrides):
 
 def _rule(use, tokens=(1, None), batch_heads=(1, None), intermediate="any", head_dims=None):
     return Rule(
-        layout="k_last", state_dtype="bf16", tokens=tokens, batch_heads=batch_heads,
-        intermediate=intermediate, head_dims=head_dims, use=use,
+        layout="k_last", state_dtype="bf16", tokens=Range(*tokens),
+        batch_heads=Range(*batch_heads), intermediate=intermediate, head_dims=head_dims, use=use,
     )  # fmt: skip
 
 
@@ -169,8 +171,8 @@ def test_a_rule_with_head_dims_serves_only_calls_of_those():
 
 def test_a_rule_that_names_a_call_form_serves_only_calls_of_it():
     table = (
-        _rule("spec").model_copy(update={"per_token_slots": True}),
-        _rule("packed").model_copy(update={"packed": True}),
+        replace(_rule("spec"), per_token_slots=True),
+        replace(_rule("packed"), packed=True),
         _rule("dense"),
     )
 
@@ -231,7 +233,7 @@ def _random_rule(rng: random.Random, index: int) -> Rule:
 
     def span(top):
         lo = rng.randint(1, top)
-        return (lo, rng.choice([None, rng.randint(lo, top + 2)]))
+        return Range(lo, rng.choice([None, rng.randint(lo, top + 2)]))
 
     return Rule(
         layout=PAIRS[index % 2][0], state_dtype=PAIRS[index % 2][1],

@@ -21,7 +21,7 @@ from gdngen.runtime.checks import Call, check_call, check_index_values
 from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.launcher import DecodeCall
 from gdngen.runtime.views import kernel_views, mixed_geometry, needs_views
-from gdngen.spec.model import Geometry
+from gdngen.geometry import Geometry
 from tests.test_checks import FakeCuda, misaligned, on_fake_cuda, raises
 
 INFO = generated.h200.INFO

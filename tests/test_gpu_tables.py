@@ -4,6 +4,7 @@ that has none), and builds that cover every table."""
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -142,7 +143,7 @@ def test_a_build_covers_every_gpu_models_table():
     spec = load_spec(ROOT / "specs/h200.yaml")
     only_h100 = "kl_bf16_tv64_ilp4_vec4_tpg32_passes2_pf_staged_sm90"
     h100_table = tuple(
-        r.model_copy(update={"use": only_h100}) if (r.layout, r.state_dtype) == ("k_last", "bf16")
+        replace(r, use=only_h100) if (r.layout, r.state_dtype) == ("k_last", "bf16")
         else r
         for r in h200.dispatch.TABLE
     )  # fmt: skip

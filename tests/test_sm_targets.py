@@ -4,6 +4,7 @@ extend another for a second SM, and a call on the wrong GPU is told which import
 import importlib
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from gdngen.emit import EmitError, check, emit, plan_target
 from gdngen.runtime.kernel_dir import file_content_sha256
 from gdngen.runtime.siblings import targets_built_for, wrong_gpu_message
 from gdngen.spec import SpecError, load_spec, parse_spec, spec_sha256
-from gdngen.spec.sm import SM_FACTS
+from gdngen.sm import SM_FACTS
 from gdngen.terms import KERNEL_BODY_LINE, sm_suffix
 from tests.spec_helpers import to_yaml
 
@@ -54,7 +55,7 @@ def test_sections_the_child_names_replace_the_parents_whole(tmp_path):
     base = load_spec(_base(tmp_path))
     geometry = {"name": "only", "H": 8, "HV": 16, "K": 128, "V": 128}
     # (every variant must serve some geometry, so the child keeps one of each other head dims)
-    others = [g.model_dump() for g in base.geometries if (g.K, g.V) != (128, 128)]
+    others = [asdict(g) for g in base.geometries if (g.K, g.V) != (128, 128)]
     # (the parent's build section names its geometries, so replacing them replaces it too)
     child = _write(tmp_path, "child.yaml", {"extends": "base.yaml", "target": "child",
                                             "sm": "sm_103a", "geometries": [geometry, *others],

@@ -1,9 +1,10 @@
 """Spec validation: specs/h200.yaml loads; every broken spec fails with the file, the field and the reason."""
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from gdngen.dispatch import coverage_gap
+from gdngen.dispatch.rules import SpecRange
 from gdngen.spec import Range, SpecError, Variant, load_spec, parse_spec, spec_sha256
 from tests.spec_helpers import SNAPSHOT, SPEC_PATH, h200_dict, snapshot_dict, to_yaml
 
@@ -130,6 +131,11 @@ INVALID = [
         ["geometries[1].heads", "unknown key"],
     ),
     (
+        "unknown_rule_key",
+        _set("dispatch", 0, token=[1, 8]),
+        ["dispatch[0].token", "unknown key"],
+    ),
+    (
         "k_not_a_head_dim",  # 8 lanes * 4 bf16 = K 32
         _set("variants", UNUSED_KL_BF16, threads_per_group=8, vec=4),
         ["variants[3]", "threads_per_group * vec must be a head dimension", "8 * 4 = 32"],
@@ -207,7 +213,17 @@ INVALID = [
     (
         "head_dim_96",
         _set("geometries", 0, K=96),
-        ["geometries[0].K", "head dimension must be one of (64, 128, 256)", "96"],
+        ["geometries[0]", "K: head dimension must be one of (64, 128, 256)", "96"],
+    ),
+    (
+        "geometry_name_with_a_space",
+        _set("geometries", 0, name="qwen 3"),
+        ["geometries[0]", "name must match", "'qwen 3'"],
+    ),
+    (
+        "geometry_without_heads",
+        _set("geometries", 0, H=0),
+        ["geometries[0]", "H and HV must be positive", "H=0"],
     ),
     (
         "duplicate_geometry_name",
@@ -318,7 +334,7 @@ def test_every_problem_is_listed():
     data["bogus"] = 1
     data["geometries"][0]["K"] = 96
     message = spec_error(data)
-    assert_names(message, "(2 problem(s))", "bogus: unknown key", "geometries[0].K:")
+    assert_names(message, "(2 problem(s))", "bogus: unknown key", "geometries[0]: K:")
 
 
 def test_k_64_variant_is_a_valid_knob_point():
@@ -459,6 +475,9 @@ def test_not_a_spec_document(text, expected):
 
 # -- Range shorthand -----------------------------------------------------------------------------
 
+#: a rule's range field as a spec's validation reads it
+SPEC_RANGE = TypeAdapter(SpecRange)
+
 
 @pytest.mark.parametrize(
     "given,lo,hi",
@@ -472,15 +491,15 @@ def test_not_a_spec_document(text, expected):
     ids=["int", "pair", "open_pair", "mapping", "mapping_open"],
 )
 def test_range_shorthand(given, lo, hi):
-    r = Range.model_validate(given)
+    r = SPEC_RANGE.validate_python(given)
     assert (r.lo, r.hi) == (lo, hi)
 
 
 def test_range_contains():
     closed, single, open_ = (
-        Range.model_validate([2, 8]),
-        Range.model_validate(3),
-        Range.model_validate([257, None]),
+        SPEC_RANGE.validate_python([2, 8]),
+        SPEC_RANGE.validate_python(3),
+        SPEC_RANGE.validate_python([257, None]),
     )
     assert [closed.contains(x) for x in (1, 2, 8, 9)] == [False, True, True, False]
     assert [single.contains(x) for x in (2, 3, 4)] == [False, True, False]
@@ -490,7 +509,7 @@ def test_range_contains():
 @pytest.mark.parametrize("given", [0, [0, 4], [5, 2], [1, 2, 3], True, "1-8"], ids=str)
 def test_range_rejects(given):
     with pytest.raises(ValidationError):
-        Range.model_validate(given)
+        SPEC_RANGE.validate_python(given)
 
 
 def test_range_shorthand_in_yaml():

@@ -1,50 +1,71 @@
-"""Dispatch rules and the one matcher: the first rule whose conditions all hold wins."""
+"""Dispatch rules and the one matcher: the first rule whose conditions all hold wins.
+
+Rules and ranges are plain records, so that a generated dispatch table imports nothing heavy; a
+spec's ``dispatch:`` section is validated as these records by pydantic (their field types, no
+unknown keys, the checks of ``__post_init__``, and the range shorthand of :class:`SpecRange`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import Iterable, Iterator, Sequence
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated, Iterable, Iterator, Sequence
 
 from gdngen.terms import Intermediate, Layout, StateDtype
 
+#: read by pydantic where a spec holds these records: a key that is no field is an error
+_NO_UNKNOWN_KEYS = {"extra": "forbid"}
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-
-class Range(_Strict):
+@dataclass(frozen=True)
+class Range:
     """Inclusive integer range; ``hi: None`` means unbounded.
 
     In YAML: ``3`` (just 3), ``[2, 8]``, ``[257, null]`` or ``{lo: 2, hi: 8}``.
     """
 
-    lo: int = Field(ge=1)
+    __pydantic_config__ = _NO_UNKNOWN_KEYS
+
+    lo: int
     hi: int | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: object) -> object:
-        if isinstance(data, bool):
-            return data
-        if isinstance(data, int):
-            return {"lo": data, "hi": data}
-        if isinstance(data, (list, tuple)):
-            if len(data) != 2:
-                raise ValueError(f"a range is [lo, hi]; got {list(data)}")
-            return {"lo": data[0], "hi": data[1]}
-        return data
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "Range":
+    def __post_init__(self) -> None:
+        if self.lo < 1:
+            raise ValueError(f"a range starts at 1 or above; got lo={self.lo}")
         if self.hi is not None and self.hi < self.lo:
             raise ValueError(f"empty range: lo={self.lo} > hi={self.hi}")
-        return self
 
     def contains(self, value: int) -> bool:
         return self.lo <= value and (self.hi is None or value <= self.hi)
+
+
+def _range_fields(data: object) -> object:
+    """A range as YAML may write it (``3``, ``[2, 8]``), as the fields of a :class:`Range`."""
+    if isinstance(data, bool):
+        return data
+    if isinstance(data, int):
+        return {"lo": data, "hi": data}
+    if isinstance(data, (list, tuple)):
+        if len(data) != 2:
+            raise ValueError(f"a range is [lo, hi]; got {list(data)}")
+        return {"lo": data[0], "hi": data[1]}
+    return data
+
+
+class _RangeShorthand:
+    """Lets a spec write a range field in the shorthand (:func:`_range_fields`). pydantic calls
+    the hook below while it builds the spec model's validator: only then is pydantic imported,
+    and by the spec's own import, never by the dispatch tables'."""
+
+    @staticmethod
+    def __get_pydantic_core_schema__(source: object, handler):
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_before_validator_function(_range_fields, handler(source))
+
+
+#: a range field of a rule, which a spec may write in the shorthand
+SpecRange = Annotated[Range, _RangeShorthand()]
 
 
 @dataclass(frozen=True)
@@ -104,17 +125,20 @@ CallForm = tuple[bool, bool]
 CALL_FORMS: tuple[CallForm, ...] = ((False, False), (True, False), (False, True), (True, True))
 
 
-class Rule(_Strict):
+@dataclass(frozen=True, kw_only=True)
+class Rule:
     """Conditions on a call, and the variant that serves it.
 
     ``source`` says where the rule came from (a spec rule, or the measurements that chose it);
     a spec's own rules leave it empty.
     """
 
+    __pydantic_config__ = _NO_UNKNOWN_KEYS
+
     layout: Layout
     state_dtype: StateDtype
-    tokens: Range
-    batch_heads: Range
+    tokens: SpecRange
+    batch_heads: SpecRange
     intermediate: Intermediate = "any"
     #: the head dims (K, V) the rule is for; None: any. In YAML ``head_dims: [64, 64]``. Measured
     #: rules always name the head dims they were measured at
@@ -127,7 +151,7 @@ class Rule(_Strict):
     conv1d: bool | None = None
     #: the value heads (HV) the rule is for; None: any. Measured rules name them only where cells
     #: of one batch*heads but different HV want different variants (gdngen.dispatch.measured)
-    heads: Range | None = None
+    heads: SpecRange | None = None
     #: whether the rule is for calls with packed tokens (true), dense rows (false), or both
     #: (None). The tuning times dense rows, so rules that name a form are the spec's own
     packed: bool | None = None

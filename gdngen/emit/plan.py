@@ -8,7 +8,7 @@ hold, the spec's static rules for the others (docs/design.md, "Architecture").
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import takewhile
 from pathlib import Path
 
@@ -133,7 +133,7 @@ def plan_target(
         "name": spec.target,
         "sm": spec.sm,
         "description": spec.description,
-        "geometries": [g.model_dump(mode="json") for g in spec.geometries],
+        "geometries": [asdict(g) for g in spec.geometries],
         "max_tokens": spec.features.max_tokens,
         "index_dtypes": list(spec.features.index_dtypes),
         "gated_rmsnorm": spec.features.gated_rmsnorm,
@@ -262,8 +262,7 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     dims), each citing where it came from."""
     sets = measured_sets(spec, measured)
     static = [
-        rule.model_copy(update={"source": f"spec dispatch[{index}]"})
-        for index, rule in enumerate(spec.dispatch)
+        replace(rule, source=f"spec dispatch[{index}]") for index, rule in enumerate(spec.dispatch)
     ]
     rules = [rule for rule in static if ahead_of_measured(rule)]
     if measured:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdngen.spec.model import Geometry
+from gdngen.geometry import Geometry
 
 
 @dataclass(frozen=True)

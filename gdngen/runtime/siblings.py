@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from gdngen.spec.sm import SM_FACTS
+from gdngen.sm import SM_FACTS
 
 from .info import TargetInfo
 

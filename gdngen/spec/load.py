@@ -36,7 +36,9 @@ def _describe(spec_path: str, data: object, error: ValidationError) -> str:
     for item in error.errors(include_url=False):
         field = _field_path(item["loc"])
         message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
+        # extra_forbidden from a pydantic model, unexpected_keyword_argument from a record
+        # (gdngen.geometry, gdngen.dispatch)
+        if item["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             message = "unknown key (not a field of this section)"
         elif item["type"] == "missing":
             message = "required field is missing"

@@ -4,7 +4,9 @@ A spec names one target (an output folder under ``generated/``), the SM it compi
 model geometries it serves, the kernel variants (points in the knob space, docs/design.md "Knobs")
 and the static dispatch rules that map a call to a variant where no measurement does. Every constraint between knobs is checked
 here, so that templates only ever see consistent variants, and a bad spec fails with the field and
-the reason instead of a traceback from the compiler.
+the reason instead of a traceback from the compiler. Geometries and dispatch rules are plain
+records (gdngen.geometry, gdngen.dispatch), validated here where the spec holds them, so that the
+generated targets that name them need not import pydantic.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
 from gdngen.dispatch import Fusion, Rule, boundary_shapes, coverage_gap, select, table_order
+from gdngen.geometry import HEAD_DIMS, Geometry
+from gdngen.sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
 from gdngen.terms import (
     LAYOUT_PREFIX,
     PORTABLE_CLUSTER,
@@ -26,12 +30,8 @@ from gdngen.terms import (
     sm_suffix,
 )
 
-from .sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
-
 #: bytes per state element, by state dtype
 STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-#: the head dimensions the kernels are built and tested for (docs/design.md, "Features")
-HEAD_DIMS = (64, 128, 256)
 #: width of one vector load or store, in bytes, that a lane may issue
 LOAD_BYTES = (8, 16)
 #: vector loads a K-last lane may spend on its vec columns of one row: two 16-byte loads let a
@@ -50,38 +50,12 @@ LoadCache = Literal["all", "global", "streaming", "last_use"]
 StoreCache = Literal["write_back", "global", "streaming"]
 LOAD_CACHE_PTX = {"all": "ca", "global": "cg", "streaming": "cs", "last_use": "lu"}
 STORE_CACHE_PTX = {"write_back": "wb", "global": "cg", "streaming": "cs"}
-#: registers of one SM (every target in gdngen.spec.sm), shared by its resident CTAs' threads
+#: registers of one SM (every target in gdngen.sm), shared by its resident CTAs' threads
 SM_REGISTERS = 65536
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Geometry(_Strict):
-    """One model's recurrent-layer shape: H q/k heads, HV value heads, head dims K and V."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    H: int = Field(gt=0)
-    HV: int = Field(gt=0)
-    K: int
-    V: int
-
-    @field_validator("K", "V")
-    @classmethod
-    def _head_dim(cls, value: int) -> int:
-        if value not in HEAD_DIMS:
-            raise ValueError(f"head dimension must be one of {HEAD_DIMS}, got {value}")
-        return value
-
-    @model_validator(mode="after")
-    def _gva(self) -> "Geometry":
-        if self.HV % self.H:
-            raise ValueError(
-                f"HV must be a multiple of H (each value head reads q/k head hv // (HV // H)); "
-                f"got H={self.H}, HV={self.HV}"
-            )
-        return self
 
 
 class Variant(_Strict):

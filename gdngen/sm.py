@@ -1,4 +1,5 @@
-"""What each SM target offers a kernel: the facts the spec model checks variants against.
+"""What each SM target offers a kernel: the facts the spec model checks variants against, and
+the GPUs the runtime names when a call is on the wrong one (so it imports nothing heavy).
 
 One row per target ``sm`` a spec may name (docs/design.md, "SM targets"). The numbers are the
 per-SM limits of the CUDA compute capability; ``packed_fp32x2`` was read from the machine code
