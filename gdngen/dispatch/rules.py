@@ -107,8 +107,9 @@ CALL_FORMS: tuple[CallForm, ...] = ((False, False), (True, False), (False, True)
 class Rule(_Strict):
     """Conditions on a call, and the variant that serves it.
 
-    ``source`` says where the rule came from (a spec rule, or the measurements that chose it);
-    a spec's own rules leave it empty.
+    ``source`` says where an emitted table's rule came from: ``spec[i]``, the spec's dispatch
+    rule i, or the measured points that chose it (gdngen.dispatch.measured.tuned_ref); a spec's
+    own rules leave it empty.
     """
 
     layout: Layout
