@@ -326,7 +326,7 @@ def test_one_knob_change_touches_only_its_files(mini_copy, mini_emitted):
         if line[:1] in "+-" and not line.startswith(("+++", "---")) and "sha256" not in line
     ]  # fmt: skip
     assert sorted(listed) == sorted([f'-    "{old}",', f'+    "{new}",'])
-    # the dispatch diff is the one rule's variant, and the header's content hash
+    # the dispatch diff is the one rule's row (its variant), and the header's content hash
     diff = [
         line for line in difflib.unified_diff(
             before["dispatch.py"].decode().splitlines(), after["dispatch.py"].decode().splitlines(), lineterm="", n=0
@@ -334,7 +334,9 @@ def test_one_knob_change_touches_only_its_files(mini_copy, mini_emitted):
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]  # fmt: skip
     assert [line[:19] for line in diff[:2]] == ["-# Content sha256: ", "+# Content sha256: "], diff
-    assert diff[2:] == [f'-        use="{old}",', f'+        use="{new}",']
+    removed, added = diff[2:]
+    assert removed.startswith("-    row(") and f'"{old}"' in removed
+    assert added == "+" + removed[1:].replace(f'"{old}"', f'"{new}"')
 
 
 def test_packed_fma_variant_renders_black_clean_on_sm100a():

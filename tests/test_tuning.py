@@ -1,5 +1,7 @@
 """Tuning files: parsing, validation against the spec, and the dispatch rows emit makes of them."""
 
+import dataclasses
+import difflib
 import math
 import subprocess
 import sys
@@ -807,6 +809,63 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
         assert mean[rule.use] <= min(mean.values()) + CELL_TOLERANCE, (cell, rule.use)
+
+
+def test_a_retune_of_one_cell_changes_only_the_rows_of_its_group():
+    """The emitted tables are a rule a line, in columns of fixed width, so a re-tune's diff is the
+    rows it moves. One cell of the committed H200 file timed again with its slowest variant now
+    the fastest by far: the default table's rows that change are all of that cell's (layout,
+    dtype, head dims, mode, T) group, and so is the evidence that changes; the H100 table and
+    every other row stay as they were, byte for byte."""
+    from gdngen.emit.plan import EVIDENCE, dispatch_files
+    from gdngen.emit.render import render
+    from gdngen.tune.tuning_file import load_other_tunings
+
+    spec = load_spec(ROOT / "specs" / "h200.yaml")
+    tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec, "specs/h200.tuning.yaml")
+    others = load_other_tunings(ROOT / "specs" / "h200.yaml", spec, ROOT)
+    ((index, cell),) = [
+        (i, c) for i, c in enumerate(tuning.cells)
+        if (c.layout, c.state_dtype, c.mode, c.tokens, c.HV, c.batch, c.K)
+        == ("k_last", "bf16", "update", 2, 16, 16, None)
+    ]  # fmt: skip
+    slowest = max(cell.times_us, key=cell.times_us.get)
+    times = {**cell.times_us, slowest: min(cell.times_us.values()) / 2}
+    cells = list(tuning.cells)
+    cells[index] = cell.model_copy(update={"times_us": times, "retimed_us": []})
+    retuned = dataclasses.replace(tuning, cells=tuple(cells))
+
+    def emitted(measured: Measured) -> dict[str, str]:
+        planned = dispatch_files(spec, "specs/h200.yaml", measured, others)
+        return {p.relpath: render(p).split("\n", 3)[3] for p in planned}  # below the header
+
+    before, after = emitted(tuning), emitted(retuned)
+    group = "t:kl/bf16/K128V128/update/T2/"
+    changed = [
+        line[1:]
+        for line in difflib.unified_diff(
+            before["dispatch.py"].splitlines(), after["dispatch.py"].splitlines(), n=0
+        )
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    assert any(slowest in line for line in changed)  # the cell moved rows to its new fastest
+    for line in changed:
+        assert line.startswith("    row(") and f'"{group}' in line, line
+    assert (
+        before["dispatch.py"].split("TABLES = {")[1] == after["dispatch.py"].split("TABLES = {")[1]
+    )
+
+    def outside_the_group(tables: dict) -> dict:
+        return {
+            gpu: (
+                file,
+                {source: row for source, row in rows.items() if not source.startswith(group)},
+            )
+            for gpu, (file, rows) in tables.items()
+        }
+
+    old, new = evidence_tables(before[EVIDENCE]), evidence_tables(after[EVIDENCE])
+    assert old != new and outside_the_group(old) == outside_the_group(new)
 
 
 def _names_the_cell(source: str, cell: Cell, head_dims: tuple[int, int]) -> bool:

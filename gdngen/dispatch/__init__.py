@@ -20,6 +20,7 @@ from .rules import (
     coverage_gap,
     ahead_of_measured,
     reached,
+    row,
     select,
     table_order,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "measured_evidence",
     "measured_rules",
     "reached",
+    "row",
     "select",
     "table_order",
     "tuned_ref",

@@ -170,6 +170,14 @@ class Rule(_Strict):
         )
 
 
+def row(*values: object) -> Rule:
+    """The rule of one row of an emitted dispatch table (``generated/<target>/dispatch.py``): a
+    value for each of the Rule's fields, in their order (``Rule.model_fields``), a range as
+    ``(lo, hi)``, a condition the rule leaves out as None. One row per line keeps the table
+    readable as a table, and a re-tune's diff to the rows it moves."""
+    return Rule(**dict(zip(Rule.model_fields, values, strict=True)))
+
+
 def ahead_of_measured(rule: Rule) -> bool:
     """A static rule for calls the tuning does not time (it times the recurrence alone, on dense
     rows): with the gated RMSNorm epilogue, or of a named call form. Such rules come before any

@@ -27,6 +27,8 @@ from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
+from .dispatch_table import RowFormat
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 #: the file beside dispatch.py that says why each measured row picks its variant
 EVIDENCE = "dispatch_evidence.txt"
@@ -253,7 +255,8 @@ def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
 def dispatch_files(
     spec: Spec, spec_path: str, measured: Measured | None, other_gpus: dict[str, Measured]
 ) -> list[PlannedFile]:
-    """``dispatch.py``, and where any of its tables is measured, ``dispatch_evidence.txt``: why each of their measured rows picks its
+    """``dispatch.py``, its tables a rule a line (gdngen.emit.dispatch_table), and where any of
+    them is measured, ``dispatch_evidence.txt``: why each of their measured rows picks its
     variant."""
     table_gpu = spec.tuning.gpu if spec.tuning and measured else None
     # per table: its key ("TABLE", or its GPU model in TABLES), tuning file and rules
@@ -267,6 +270,9 @@ def dispatch_files(
         if rows:
             name = "TABLE" if key == "TABLE" else f"TABLES[{json.dumps(key)}]"
             evidence.append({"key": key, "name": name, "file": tuning.name, "rows": rows})
+    layout = RowFormat.for_spec(
+        (spec.variant_name(v) for v in spec.variants), spec.features.max_tokens
+    )
     files = [
         PlannedFile(
             relpath="dispatch.py",
@@ -275,7 +281,13 @@ def dispatch_files(
             context={
                 "target": spec.target,
                 "table_gpu": table_gpu,
-                **parts,
+                "header": layout.header(),
+                "ahead": [layout.row(rule) for rule in parts["ahead"]],
+                "rules": [layout.row(rule) for rule in parts["rules"]],
+                "tables": {
+                    gpu: [layout.row(rule) for rule in rules]
+                    for gpu, rules in parts["tables"].items()
+                },
                 # the tuning file each table's measured rows cite, by its key
                 "cites": {table["key"]: table["file"] for table in evidence},
                 "evidence": EVIDENCE if evidence else None,
