@@ -104,3 +104,22 @@ def changed_code_lines(before: str, after: str) -> list[str]:
         for line in difflib.unified_diff(code(before), code(after), lineterm="", n=0)
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
+
+
+def evidence_tables(text: str) -> dict[str, tuple[str, dict[str, tuple[str, list[str]]]]]:
+    """An emitted dispatch_evidence.txt read back: per table ("TABLE", or the GPU model of a
+    table in TABLES), the tuning file it names and, by each measured row's source, the row's
+    variant and evidence lines."""
+    tables: dict = {}
+    rows: dict = {}
+    for line in text.splitlines():
+        if line.startswith(("TABLE: ", "TABLES[")):
+            name, file = line.split(": ")
+            rows = {}
+            tables["TABLE" if name == "TABLE" else name.split('"')[1]] = (file, rows)
+        elif line.startswith("t:"):
+            source, use = line.split()
+            rows[source] = (use, [])
+        elif line.startswith("    ") and rows:
+            rows[source][1].append(line.strip())
+    return tables

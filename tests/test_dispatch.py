@@ -15,11 +15,12 @@ from gdngen.dispatch import (
     boundary_shapes,
     coverage_gap,
     reached,
+    row,
     select,
 )
 from gdngen.dispatch.rules import CALL_FORMS
 from gdngen.spec import load_spec
-from tests.spec_helpers import SPEC_PATH
+from tests.spec_helpers import ROOT, SPEC_PATH
 
 TABLE = h200.dispatch.TABLE
 SPEC = load_spec(SPEC_PATH)
@@ -58,7 +59,7 @@ def test_the_target_serves_head_dims_64_128_and_256():
     # the measured rules are for the head dims they were measured at, the static ones say theirs
     assert all(rule.head_dims is not None for rule in TABLE)
     # and the tuning grid measures every head dims (tuning.head_dims in specs/h200.yaml)
-    assert {rule.head_dims for rule in TABLE if rule.source.startswith("tuned")} == set(HEAD_DIMS)
+    assert {rule.head_dims for rule in TABLE if rule.source.startswith("t:")} == set(HEAD_DIMS)
 
 
 def test_rules_name_known_variants_and_cover_the_target():
@@ -76,6 +77,18 @@ def test_rules_name_known_variants_and_cover_the_target():
     assert first == sorted(first, key=lambda norm: not norm)
     plain = reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens)
     assert not any(rule.gated_norm for rule in plain)
+
+
+def test_the_committed_tables_are_a_rule_a_line():
+    """generated/h200/dispatch.py writes each rule of each table on a line of its own (rows
+    whose first match wins, in table order), which reads back as that rule."""
+    text = (ROOT / "generated" / "h200" / "dispatch.py").read_text()
+    lines = [line.strip() for line in text.splitlines() if line.lstrip().startswith("row(")]
+    ahead = h200.dispatch.AHEAD
+    tables = [TABLE, *h200.dispatch.TABLES.values()]
+    assert all(table[: len(ahead)] == ahead for table in tables)
+    rules = [*ahead, *(rule for table in tables for rule in table[len(ahead) :])]
+    assert [eval(line.removesuffix(","), {"row": row}) for line in lines] == rules
 
 
 def test_norm_calls_land_on_kernels_with_the_epilogue():

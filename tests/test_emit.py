@@ -230,13 +230,13 @@ def test_emitted_dispatch_table_is_the_spec_rules(h200_spec, h200_emitted):
     out, _ = h200_emitted
     table = runpy.run_path(str(out / h200_spec.target / "dispatch.py"))["TABLE"]
     expected = [
-        replace(rule, source=f"spec dispatch[{index}]")
+        replace(rule, source=f"spec[{index}]")
         for index, rule in enumerate(h200_spec.dispatch)
     ]
     # in table order: the rules that name a call form or the gated RMSNorm first, as listed
     assert list(table) == table_order(expected)
     assert [r.source for r in table if r.names_form] == [
-        f"spec dispatch[{i}]" for i, r in enumerate(h200_spec.dispatch) if r.names_form
+        f"spec[{i}]" for i, r in enumerate(h200_spec.dispatch) if r.names_form
     ]
 
 
@@ -327,7 +327,7 @@ def test_one_knob_change_touches_only_its_files(mini_copy, mini_emitted):
         if line[:1] in "+-" and not line.startswith(("+++", "---")) and "sha256" not in line
     ]  # fmt: skip
     assert sorted(listed) == sorted([f'-    "{old}",', f'+    "{new}",'])
-    # the dispatch diff is the one rule's variant, and the header's content hash
+    # the dispatch diff is the one rule's row (its variant), and the header's content hash
     diff = [
         line for line in difflib.unified_diff(
             before["dispatch.py"].decode().splitlines(), after["dispatch.py"].decode().splitlines(), lineterm="", n=0
@@ -335,7 +335,9 @@ def test_one_knob_change_touches_only_its_files(mini_copy, mini_emitted):
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]  # fmt: skip
     assert [line[:19] for line in diff[:2]] == ["-# Content sha256: ", "+# Content sha256: "], diff
-    assert diff[2:] == [f'-        use="{old}",', f'+        use="{new}",']
+    removed, added = diff[2:]
+    assert removed.startswith("-    row(") and f'"{old}"' in removed
+    assert added == "+" + removed[1:].replace(f'"{old}"', f'"{new}"')
 
 
 def test_packed_fma_variant_renders_black_clean_on_sm100a():
@@ -516,7 +518,7 @@ def test_a_one_knob_edit_with_a_tuning_file_reemits_on_a_cpu(tmp_path):
     changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
     assert changed == {
         f"kernels/{old}.py", f"kernels/{new}.py", "kernels/__init__.py", "dispatch.py",
-        "MANIFEST.txt",
+        "dispatch_evidence.txt", "MANIFEST.txt",
     }  # fmt: skip
 
     def rules(text: str) -> list:
@@ -534,10 +536,10 @@ def test_a_one_knob_edit_with_a_tuning_file_reemits_on_a_cpu(tmp_path):
         ]
 
     fallback = of_pair(new_rules, (128, 128))
-    assert fallback and all(r.source.startswith("spec dispatch[") for r in fallback)
+    assert fallback and all(r.source.startswith("spec[") for r in fallback)
     for dims in [(64, 64), (256, 256)]:
         assert of_pair(old_rules, dims) == of_pair(new_rules, dims)
-        assert any(r.source.startswith("tuned ") for r in of_pair(new_rules, dims))
+        assert any(r.source.startswith("t:") for r in of_pair(new_rules, dims))
     assert "# Dispatch from the spec's static rules: v_last/fp32 (the spec's variants" in (
         after["MANIFEST.txt"]
     )

@@ -16,7 +16,7 @@ from gdngen.runtime.build import target_keys
 from gdngen.runtime.target import Target
 from gdngen.spec import SpecError, load_spec, parse_spec
 from gdngen.tune.tuning_file import dump_tuning, gpu_model, tuning_path
-from tests.spec_helpers import ROOT, to_yaml
+from tests.spec_helpers import ROOT, evidence_tables, to_yaml
 from tests.test_tuning import LARGE_V, SMALL, SMALL_V, _cells, _tuning
 
 TWO_GPUS = {**SMALL, "tuning": {**SMALL["tuning"], "gpu": "H200", "other_gpus": ["H100"]}}
@@ -74,8 +74,15 @@ def test_emit_writes_a_table_per_measured_gpu_model(two_gpu_project):
     assert namespace["TABLE_GPU"] == "H200" and list(namespace["TABLES"]) == ["H100"]
     big = CallShape("k_last", "bf16", 4, 8192, True, (128, 128))
     on_h200, on_h100 = select(namespace["TABLE"], big), select(namespace["TABLES"]["H100"], big)
-    assert on_h200.use == SMALL_V and on_h200.source.startswith("tuned specs/mini.tuning.yaml")
-    assert on_h100.use == LARGE_V and on_h100.source.startswith("tuned specs/mini.tuning.h100.yaml")
+    assert on_h200.use == SMALL_V and on_h100.use == LARGE_V
+    # each table's measured rows cite its own file
+    evidence = evidence_tables((project / "generated/mini/dispatch_evidence.txt").read_text())
+    assert {gpu: file for gpu, (file, _) in evidence.items()} == {
+        "TABLE": "specs/mini.tuning.yaml",
+        "H100": "specs/mini.tuning.h100.yaml",
+    }
+    assert evidence["TABLE"][1][on_h200.source][0] == SMALL_V
+    assert evidence["H100"][1][on_h100.source][0] == LARGE_V
     manifest = (project / "generated/mini/MANIFEST.txt").read_text()
     assert (
         "# Dispatch on H100: its own table, measured (specs/mini.tuning.h100.yaml): k_last/bf16; "
@@ -95,7 +102,7 @@ def test_a_file_measured_on_another_gpu_model_does_not_become_its_table(two_gpu_
     namespace: dict = {}
     exec((project / "generated/mini/dispatch.py").read_text(), namespace)
     sources = {rule.source for rule in namespace["TABLES"]["H100"]}
-    assert sources == {"spec dispatch[0]", "spec dispatch[1]"}  # stale: the static rules
+    assert sources == {"spec[0]", "spec[1]"}  # stale: the static rules
 
 
 def _rule(use: str, lo: int, hi: int | None) -> Rule:

@@ -1,5 +1,7 @@
 """Tuning files: parsing, validation against the spec, and the dispatch rows emit makes of them."""
 
+import dataclasses
+import difflib
 import math
 import subprocess
 import sys
@@ -9,7 +11,14 @@ import pytest
 import yaml
 
 import generated.h200 as h200
-from gdngen.dispatch import CallShape, measured_rules, select, verdicts
+from gdngen.dispatch import (
+    CallShape,
+    measured_evidence,
+    measured_rules,
+    select,
+    tuned_ref,
+    verdicts,
+)
 from gdngen.dispatch.measured import CELL_TOLERANCE
 from gdngen.emit import emit, expected_files
 from gdngen.spec import load_spec, parse_spec
@@ -36,7 +45,7 @@ from gdngen.tune.tuning_file import (
     pair_sha256,
     variants_sha256,
 )
-from tests.spec_helpers import ROOT, to_yaml
+from tests.spec_helpers import ROOT, evidence_tables, to_yaml
 
 SMALL = {
     "target": "mini",
@@ -94,10 +103,17 @@ def _tuning(spec, **changes) -> TuningFile:
     return TuningFile(**fields)
 
 
-def _rules(spec, tuning: TuningFile, cite: str = "t.yaml"):
+def _rules(spec, tuning: TuningFile):
     """The rules emit makes of ``tuning``'s cells for the spec's pairs."""
     return measured_rules(
-        tuning.cells, spec.served, spec.features.max_tokens, cite, spec.tuning_head_dims
+        tuning.cells, spec.served, spec.features.max_tokens, spec.tuning_head_dims
+    )
+
+
+def _evidence(spec, tuning: TuningFile) -> dict[str, list[str]]:
+    """Why each of :func:`_rules` picks its variant, by its source."""
+    return measured_evidence(
+        tuning.cells, spec.served, spec.features.max_tokens, spec.tuning_head_dims
     )
 
 
@@ -152,15 +168,19 @@ def test_dump_is_sorted_and_deterministic(spec):
 
 
 def test_rows_pick_the_fastest_and_split_at_geometric_midpoints(spec):
-    rules = _rules(spec, _tuning(spec), "specs/mini.tuning.yaml")
+    rules = _rules(spec, _tuning(spec))
     t1 = [r for r in rules if _span(r.tokens) == (1, 3) and r.intermediate == "no"]
     # measured B*HV: 32, 64, 2048, 4096 -> small wins up to 64, large from 2048
-    assert [(_span(r.batch_heads), r.use) for r in t1] == [
-        ((1, 362), SMALL_V),  # isqrt(64 * 2048) = 362
-        ((363, None), LARGE_V),
+    assert [(_span(r.batch_heads), r.use, r.source) for r in t1] == [
+        ((1, 362), SMALL_V, "t:kl/bf16/K128V128/update/T1/bh32-64"),  # isqrt(64 * 2048) = 362
+        ((363, None), LARGE_V, "t:kl/bf16/K128V128/update/T1/bh2048-4096"),
     ]
-    assert all("tuned specs/mini.tuning.yaml T=1 update" in r.source for r in t1)
-    assert "B*HV=2048" in t1[1].source and "next " + SMALL_V in t1[1].source
+    # the figures are the evidence's, a line per point
+    evidence = _evidence(spec, _tuning(spec))
+    assert list(evidence) == [r.source for r in rules]
+    at_2048, at_4096 = evidence[t1[1].source]
+    assert at_2048.startswith("B*HV=2048: ") and "next " + SMALL_V in at_2048
+    assert at_4096.startswith("B*HV=4096: ")
     # the tuning times the recurrence alone: calls with the gated RMSNorm go to the spec's rules
     assert all(r.gated_norm is False for r in rules)
     fused = CallShape("k_last", "bf16", 1, 64, False, (128, 128), gated_norm=True)
@@ -234,8 +254,9 @@ def test_a_cell_its_point_pick_leaves_over_3_percent_behind_gets_a_rule_for_its_
         ((1, 724), None, SMALL_V),
         ((725, None), None, LARGE_V),
     ]
-    assert "HV=64 B=4: 10.00 us, where the B*HV=256 pick" in t1[0].source
-    assert "+6.0% off" in t1[0].source
+    assert t1[0].source == "t:kl/bf16/K128V128/update/T1/bh256/hv64"
+    (why,) = _evidence(spec, _tuning(spec, cells=cells + shared))[t1[0].source]
+    assert why == f"HV=64 B=4: 10.00 us, where the B*HV=256 pick {SMALL_V} is +6.0% off"
 
     def pick(heads):
         shape = CallShape("k_last", "bf16", 1, 256, False, (128, 128), heads=heads)
@@ -275,7 +296,9 @@ def test_neighbouring_hvs_that_leave_the_point_for_one_variant_share_a_rule_over
         ((1, None), (4, 16), LARGE_V),  # SMALL_V is 20% off at both HV 4 and HV 16
         ((1, None), None, SMALL_V),
     ]
-    assert "HV=4 B=64: 10.00 us" in rules[0].source and "HV=16 B=16: 10.00 us" in rules[0].source
+    assert rules[0].source == "t:kl/bf16/K128V128/update/T1/bh256/hv4-16"
+    hv4, hv16 = _evidence(spec, _tuning(spec, cells=cells + shared()))[rules[0].source]
+    assert hv4.startswith("HV=4 B=64: 10.00 us") and hv16.startswith("HV=16 B=16: 10.00 us")
 
     def pick(rules, heads):
         return select(
@@ -327,9 +350,9 @@ def test_a_retime_of_one_cell_leaves_its_points_other_cells_their_candidates():
     (point,) = points
     assert point.variant == "z" and point.cells == 3 and point.timings == 4
     assert point.mean_gap == pytest.approx(0.06 / 3)
-    ((heads, _, own, evidence),) = head_exceptions(cells, points)
-    assert (heads.lo, heads.hi, own) == (4, 4, "x")
-    assert "pick z is +6.0% off" in evidence
+    (exception,) = head_exceptions(cells, points)
+    assert (exception.heads.lo, exception.heads.hi, exception.use) == (4, 4, "x")
+    assert exception.evidence == ["HV=4 B=256: 10.00 us, where the B*HV=1024 pick z is +6.0% off"]
 
 
 def test_rows_take_the_retimed_verdict(spec):
@@ -348,7 +371,9 @@ def test_rows_take_the_retimed_verdict(spec):
     rules = _rules(spec, _tuning(spec, cells=cells))
     t1 = [r for r in rules if _span(r.tokens) == (1, 3) and r.intermediate == "no"]
     (rule,) = [r for r in t1 if r.batch_heads.contains(4096)]
-    assert rule.use == SMALL_V and "2 timings of 1 cell" in rule.source
+    at_4096 = _evidence(spec, _tuning(spec, cells=cells))[rule.source][-1]
+    assert rule.use == SMALL_V and at_4096.startswith("B*HV=4096: ")
+    assert "2 timings of 1 cell" in at_4096
 
 
 def test_retime_times_the_contenders_of_every_timing_the_spec_still_has(spec):
@@ -372,9 +397,14 @@ def test_emit_uses_measured_rules_and_static_rules_for_the_rest(spec, tmp_path):
     exec((out / "mini" / "dispatch.py").read_text(), namespace)
     table = namespace["TABLE"]
     big = select(table, CallShape("k_last", "bf16", 4, 8192, True, (128, 128)))
-    assert big.use == LARGE_V and big.source.startswith("tuned specs/mini.tuning.yaml T=4 verify")
+    assert big.use == LARGE_V and big.source == "t:kl/bf16/K128V128/verify/T4/bh2048-4096"
     fp32 = select(table, CallShape("k_last", "fp32", 2, 64, False, (128, 128)))
-    assert fp32.source == "spec dispatch[1]"  # fp32 was not measured: the static rule stays
+    assert fp32.source == "spec[1]"  # fp32 was not measured: the static rule stays
+    # the evidence file names the tuning file and says why each measured row is there
+    ((file, rows),) = evidence_tables((out / "mini" / "dispatch_evidence.txt").read_text()).values()
+    assert file == "specs/mini.tuning.yaml"
+    assert list(rows) == [r.source for r in table if r.source.startswith("t:")]
+    assert rows[big.source][0] == LARGE_V
     manifest = (out / "mini" / "MANIFEST.txt").read_text()
     assert "# Dispatch measured (specs/mini.tuning.yaml): k_last/bf16" in manifest
     assert (
@@ -471,8 +501,8 @@ def test_cli_emit_falls_back_per_pair_and_says_how_to_remeasure(tmp_path):
         assert "k_last/fp32" not in run.stderr
     namespace: dict = {}
     exec((tmp_path / "generated" / "mini" / "dispatch.py").read_text(), namespace)
-    sources = {(r.state_dtype, r.source.split(" T=")[0]) for r in namespace["TABLE"]}
-    assert sources == {("bf16", "spec dispatch[0]"), ("fp32", "tuned specs/mini.tuning.yaml")}
+    sources = {(r.state_dtype, r.source.split("/")[0]) for r in namespace["TABLE"]}
+    assert sources == {("bf16", "spec[0]"), ("fp32", "t:kl")}
 
 
 def test_merge_keeps_cells_not_remeasured(spec):
@@ -761,18 +791,99 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     tuning = load_tuning(ROOT / "specs" / file, spec, gpu=model)
     assert not tuning.stale
     assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
+    evidence = evidence_tables((ROOT / "generated" / "h200" / "dispatch_evidence.txt").read_text())
+    cited, why = evidence["TABLE" if model == spec.tuning.gpu else model]
+    assert cited == f"specs/{file}"
     for cell in tuning.cells:
+        dims = cell.head_dims(spec.tuning_head_dims)
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
-            head_dims=cell.head_dims(spec.tuning_head_dims), gpu=gpu, heads=cell.HV,
+            head_dims=dims, gpu=gpu, heads=cell.HV,
         )  # fmt: skip
-        assert rule.source.startswith(f"tuned specs/{file}"), rule
+        # a measured rule of this file, whose source names the cell's point (and HV)
+        assert why[rule.source][0] == rule.use, rule
+        assert _names_the_cell(rule.source, cell, dims), (rule.source, cell)
         mean = {}
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
         assert mean[rule.use] <= min(mean.values()) + CELL_TOLERANCE, (cell, rule.use)
+
+
+def test_a_retune_of_one_cell_changes_only_the_rows_of_its_group():
+    """The emitted tables are a rule a line, in columns of fixed width, so a re-tune's diff is the
+    rows it moves. One cell of the committed H200 file timed again with its slowest variant now
+    the fastest by far: the default table's rows that change are all of that cell's (layout,
+    dtype, head dims, mode, T) group, and so is the evidence that changes; the H100 table and
+    every other row stay as they were, byte for byte."""
+    from gdngen.emit.plan import EVIDENCE, dispatch_files
+    from gdngen.emit.render import render
+    from gdngen.tune.tuning_file import load_other_tunings
+
+    spec = load_spec(ROOT / "specs" / "h200.yaml")
+    tuning = load_tuning(ROOT / "specs" / "h200.tuning.yaml", spec, "specs/h200.tuning.yaml")
+    others = load_other_tunings(ROOT / "specs" / "h200.yaml", spec, ROOT)
+    ((index, cell),) = [
+        (i, c) for i, c in enumerate(tuning.cells)
+        if (c.layout, c.state_dtype, c.mode, c.tokens, c.HV, c.batch, c.K)
+        == ("k_last", "bf16", "update", 2, 16, 16, None)
+    ]  # fmt: skip
+    slowest = max(cell.times_us, key=cell.times_us.get)
+    times = {**cell.times_us, slowest: min(cell.times_us.values()) / 2}
+    cells = list(tuning.cells)
+    cells[index] = cell.model_copy(update={"times_us": times, "retimed_us": []})
+    retuned = dataclasses.replace(tuning, cells=tuple(cells))
+
+    def emitted(measured: Measured) -> dict[str, str]:
+        planned = dispatch_files(spec, "specs/h200.yaml", measured, others)
+        return {p.relpath: render(p).split("\n", 3)[3] for p in planned}  # below the header
+
+    before, after = emitted(tuning), emitted(retuned)
+    group = "t:kl/bf16/K128V128/update/T2/"
+    changed = [
+        line[1:]
+        for line in difflib.unified_diff(
+            before["dispatch.py"].splitlines(), after["dispatch.py"].splitlines(), n=0
+        )
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    assert any(slowest in line for line in changed)  # the cell moved rows to its new fastest
+    for line in changed:
+        assert line.startswith("    row(") and f'"{group}' in line, line
+    assert (
+        before["dispatch.py"].split("TABLES = {")[1] == after["dispatch.py"].split("TABLES = {")[1]
+    )
+
+    def outside_the_group(tables: dict) -> dict:
+        return {
+            gpu: (
+                file,
+                {source: row for source, row in rows.items() if not source.startswith(group)},
+            )
+            for gpu, (file, rows) in tables.items()
+        }
+
+    old, new = evidence_tables(before[EVIDENCE]), evidence_tables(after[EVIDENCE])
+    assert old != new and outside_the_group(old) == outside_the_group(new)
+
+
+def _names_the_cell(source: str, cell: Cell, head_dims: tuple[int, int]) -> bool:
+    """Whether a measured rule's source (gdngen.dispatch.tuned_ref) names ``cell``: its layout,
+    dtype, head dims, mode and T, its B*HV among the points, and its HV among those named."""
+
+    def holds(span: str, value: int) -> bool:
+        lo, _, hi = span.partition("-")
+        return int(lo) <= value <= int(hi or lo)
+
+    group = tuned_ref(cell.layout, cell.state_dtype, head_dims, cell.mode, cell.tokens, (0, 0))
+    group = group.removesuffix("bh0")
+    points, _, heads = source.removeprefix(group).partition("/")
+    return (
+        source.startswith(group)
+        and holds(points.removeprefix("bh"), cell.batch_heads)
+        and (not heads or holds(heads.removeprefix("hv"), cell.HV))
+    )
 
 
 def test_settle_times_every_variant_again_in_reverse_and_keeps_the_slower():
@@ -979,7 +1090,7 @@ def test_cells_of_other_head_dims_round_trip_and_give_their_own_rules(wide, tmp_
         return select(rules, shape)
 
     assert pick(256, 1).use == WIDE_SMALL and pick(256, 64).use == WIDE_LARGE
-    assert "tuned specs/mini.tuning.yaml" in pick(256, 64).source
+    assert pick(256, 64).source == "t:kl/bf16/K256V256/update/T1/bh2048"
     assert pick(128, 1).use == SMALL_V  # the base's timings, not the wide ones
     # the static K = 256 bf16 rule is shadowed by the measured ones and dropped
     assert not any(r.head_dims == (256, 256) and r.source.startswith("spec") and

@@ -8,7 +8,7 @@ what the runtime reads. First match wins, written once (:func:`select`, and
 same matcher (:func:`coverage_gap`).
 """
 
-from .measured import Verdict, measured_rules, verdicts
+from .measured import Verdict, measured_evidence, measured_rules, tuned_ref, verdicts
 from .rules import (
     CallShape,
     FirstMatch,
@@ -20,6 +20,7 @@ from .rules import (
     coverage_gap,
     ahead_of_measured,
     reached,
+    row,
     select,
     table_order,
 )
@@ -35,9 +36,12 @@ __all__ = [
     "batch_heads_points",
     "boundary_shapes",
     "coverage_gap",
+    "measured_evidence",
     "measured_rules",
     "reached",
+    "row",
     "select",
     "table_order",
+    "tuned_ref",
     "verdicts",
 ]

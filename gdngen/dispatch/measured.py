@@ -8,7 +8,8 @@ to the fastest is least (with one timing: the fastest variant). If a variant's r
 between processes or GPUs of one model, each timing is one sample of what a deployment gets, and
 the mean gap estimates what a pick costs on average, where one run alone would crown whichever
 side it happened to see. T values between measured ones use the rules of the nearest measured T
-below.
+below. A rule's ``source`` names the measured points behind it (:func:`tuned_ref`), and
+:func:`measured_evidence` says, point by point, why they go to its variant.
 
 A cell's first timing has every candidate; a ``--retime`` run adds a timing of the cell's
 contenders only (:func:`cell_gaps`). So a variant's gap in a cell is its mean over the cell's
@@ -32,7 +33,10 @@ import math
 from collections import defaultdict
 from itertools import groupby
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from functools import partial
+from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
+
+from gdngen.terms import LAYOUT_PREFIX
 
 from .rules import Range, Rule
 
@@ -79,7 +83,7 @@ class Verdict:
     timings: int
 
     def evidence(self) -> str:
-        """What a rule's ``source`` says of this point."""
+        """What this point says for the rule it is behind (:func:`measured_evidence`)."""
         head = f"B*HV={self.batch_heads}: {self.total_us:.2f} us"
         if self.timings == 1:
             return head + (
@@ -172,25 +176,35 @@ def point_ranges(points: list[Verdict]) -> list[Range]:
     ]
 
 
-def _spans(points: list[Verdict]) -> list[tuple[Range, str, list[str]]]:
+def _spans(points: list[Verdict]) -> list[tuple[Range, str, list[Verdict]]]:
     """Consecutive points won by the same variant merged into one batch*heads range each (the
-    ranges of :func:`point_ranges`, joined)."""
-    spans: list[list] = []  # [lo, hi, variant, evidence]
+    ranges of :func:`point_ranges`, joined), with the points merged."""
+    spans: list[list] = []  # [lo, hi, variant, points]
     for point, decided in zip(points, point_ranges(points)):
         if spans and spans[-1][2] == point.variant:
             spans[-1][1] = decided.hi
-            spans[-1][3].append(point.evidence())
+            spans[-1][3].append(point)
             continue
-        spans.append([decided.lo, decided.hi, point.variant, [point.evidence()]])
-    return [(Range(lo=lo, hi=hi), variant, evidence) for lo, hi, variant, evidence in spans]
+        spans.append([decided.lo, decided.hi, point.variant, [point]])
+    return [(Range(lo=lo, hi=hi), variant, merged) for lo, hi, variant, merged in spans]
 
 
-def head_exceptions(
-    cells: Sequence[MeasuredCell], points: list[Verdict]
-) -> list[tuple[Range, Range, str, str]]:
-    """(HV range, batch*heads range, variant, evidence) for the cells whose point's pick is more
-    than ``CELL_TOLERANCE`` off their own fastest: those HVs get their own pick there, one rule
-    for each run of neighbouring such cells (in HV order) with the same own pick."""
+class HeadException(NamedTuple):
+    """Cells of neighbouring HVs at one measured point that get their own pick there."""
+
+    heads: Range
+    point: Verdict
+    #: the point's batch*heads range (point_ranges)
+    batch_heads: Range
+    use: str
+    #: a line per cell: its time with its own pick, and how far the point's pick is off it
+    evidence: list[str]
+
+
+def head_exceptions(cells: Sequence[MeasuredCell], points: list[Verdict]) -> list[HeadException]:
+    """The cells whose point's pick is more than ``CELL_TOLERANCE`` off their own fastest: those
+    HVs get their own pick there, one rule for each run of neighbouring such cells (in HV order)
+    with the same own pick."""
     exceptions = []
     for point, span in zip(points, point_ranges(points)):
         if point.cells < 2:
@@ -211,28 +225,44 @@ def head_exceptions(
             if own is not None:
                 run = list(run)
                 heads = Range(lo=run[0][0], hi=run[-1][0])
-                exceptions.append((heads, span, own, "; ".join(e for _, _, e in run)))
+                exceptions.append(HeadException(heads, point, span, own, [e for _, _, e in run]))
     return exceptions
 
 
-def measured_rules(
+def tuned_ref(
+    layout: str,
+    state_dtype: str,
+    head_dims: tuple[int, int],
+    mode: str,
+    tokens: int,
+    batch_heads: tuple[int, int],
+    heads: Range | None = None,
+) -> str:
+    """A measured rule's ``source``: the measured points behind it, as a reader looks them up in
+    the tuning file, ``t:kl/bf16/K128V128/update/T2/bh64-256`` (the cells of that layout, state
+    dtype, head dims, mode and T whose B*HV is a measured point from 64 to 256), and for a rule
+    of some HVs ``/hv4-16`` (the cells of HV 4 to 16 at that point)."""
+
+    def span(lo: int, hi: int) -> str:
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+    K, V = head_dims
+    ref = f"t:{LAYOUT_PREFIX[layout]}/{state_dtype}/K{K}V{V}/{mode}/T{tokens}/"
+    ref += f"bh{span(*batch_heads)}"
+    return ref + (f"/hv{span(heads.lo, heads.hi)}" if heads else "")
+
+
+def _explained_rules(
     cells: Sequence[MeasuredCell],
     pairs: Iterable[tuple[str, str]],
     max_tokens: int,
-    cite: str,
     head_dims: tuple[int, int],
-) -> list[Rule]:
-    """Rules for the (layout, dtype) ``pairs`` from their measured cells, each citing ``cite``
-    (the tuning file) and the evidence of its points, and each for the ``head_dims`` (K, V) the
-    cells were measured at: a ranking at one K says nothing of another. They serve calls without
-    the gated RMSNorm epilogue only: the tuning times the recurrence alone, and the fastest
-    recurrence need not have the epilogue; the spec's rules route the fused calls. A pair with
-    verify cells gets separate rules for calls with intermediate states ("yes") and without
-    ("no"); otherwise "any"."""
+) -> Iterator[tuple[Rule, list[str]]]:
+    """:func:`measured_rules`, each with its evidence: a line per measured point behind it (or
+    per cell, for a rule of some HVs)."""
     groups: dict[tuple, list[MeasuredCell]] = defaultdict(list)
     for cell in cells:
         groups[(cell.layout, cell.state_dtype, cell.mode, cell.tokens)].append(cell)
-    rules = []
     for layout, state_dtype in pairs:
         modes = {m for (l, d, m, _) in groups if (l, d) == (layout, state_dtype)}
         for mode in ("update", "verify"):
@@ -251,23 +281,50 @@ def measured_rules(
                 )
                 group = groups[(layout, state_dtype, mode, tokens)]
                 points = verdicts(group)
-                for heads, batch_heads, variant, evidence in head_exceptions(group, points):
-                    rules.append(
-                        Rule(
-                            layout=layout, state_dtype=state_dtype, tokens=token_range,
-                            batch_heads=batch_heads, intermediate=intermediate,
-                            head_dims=head_dims, gated_norm=False, heads=heads,
-                            use=variant,
-                            source=f"tuned {cite} T={tokens} {mode}: " + evidence,
-                        )  # fmt: skip
-                    )
-                for batch_heads, variant, evidence in _spans(points):
-                    rules.append(
-                        Rule(
-                            layout=layout, state_dtype=state_dtype, tokens=token_range,
-                            batch_heads=batch_heads, intermediate=intermediate,
-                            head_dims=head_dims, gated_norm=False, use=variant,
-                            source=f"tuned {cite} T={tokens} {mode}: " + "; ".join(evidence),
-                        )  # fmt: skip
-                    )
-    return rules
+                common = dict(
+                    layout=layout, state_dtype=state_dtype, tokens=token_range,
+                    intermediate=intermediate, head_dims=head_dims, gated_norm=False,
+                )  # fmt: skip
+                ref = partial(tuned_ref, layout, state_dtype, head_dims, mode, tokens)
+                for exception in head_exceptions(group, points):
+                    at = exception.point.batch_heads
+                    rule = Rule(
+                        **common, batch_heads=exception.batch_heads, heads=exception.heads,
+                        use=exception.use, source=ref((at, at), exception.heads),
+                    )  # fmt: skip
+                    yield rule, exception.evidence
+                for batch_heads, variant, merged in _spans(points):
+                    span = (merged[0].batch_heads, merged[-1].batch_heads)
+                    rule = Rule(**common, batch_heads=batch_heads, use=variant, source=ref(span))
+                    yield rule, [point.evidence() for point in merged]
+
+
+def measured_rules(
+    cells: Sequence[MeasuredCell],
+    pairs: Iterable[tuple[str, str]],
+    max_tokens: int,
+    head_dims: tuple[int, int],
+) -> list[Rule]:
+    """Rules for the (layout, dtype) ``pairs`` from their measured cells, each citing the
+    measured points it comes from (:func:`tuned_ref`; their figures: :func:`measured_evidence`),
+    and each for the ``head_dims`` (K, V) the cells were measured at: a ranking at one K says
+    nothing of another. They serve calls without the gated RMSNorm epilogue only: the tuning
+    times the recurrence alone, and the fastest recurrence need not have the epilogue; the spec's
+    rules route the fused calls. A pair with verify cells gets separate rules for calls with
+    intermediate states ("yes") and without ("no"); otherwise "any"."""
+    return [rule for rule, _ in _explained_rules(cells, pairs, max_tokens, head_dims)]
+
+
+def measured_evidence(
+    cells: Sequence[MeasuredCell],
+    pairs: Iterable[tuple[str, str]],
+    max_tokens: int,
+    head_dims: tuple[int, int],
+) -> dict[str, list[str]]:
+    """Why each of :func:`measured_rules` picks its variant, by its ``source``: a line per
+    measured point behind it (time, gaps, runner-up; :meth:`Verdict.evidence`), or per cell for
+    a rule of some HVs."""
+    return {
+        rule.source: evidence
+        for rule, evidence in _explained_rules(cells, pairs, max_tokens, head_dims)
+    }

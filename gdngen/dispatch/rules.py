@@ -7,7 +7,7 @@ unknown keys, the checks of ``__post_init__``, and the range shorthand of :class
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from itertools import product
 from typing import Annotated, Iterable, Iterator, Sequence
 
@@ -129,8 +129,9 @@ CALL_FORMS: tuple[CallForm, ...] = ((False, False), (True, False), (False, True)
 class Rule:
     """Conditions on a call, and the variant that serves it.
 
-    ``source`` says where the rule came from (a spec rule, or the measurements that chose it);
-    a spec's own rules leave it empty.
+    ``source`` says where an emitted table's rule came from: ``spec[i]``, the spec's dispatch
+    rule i, or the measured points that chose it (gdngen.dispatch.measured.tuned_ref); a spec's
+    own rules leave it empty.
     """
 
     __pydantic_config__ = _NO_UNKNOWN_KEYS
@@ -191,6 +192,23 @@ class Rule:
                 self.heads is None or (shape.heads is not None and self.heads.contains(shape.heads))
             )
         )
+
+
+def row(*values: object) -> Rule:
+    """The rule of one row of an emitted dispatch table (``generated/<target>/dispatch.py``): a
+    value for each of the Rule's fields, in their order, a range as ``(lo, hi)``, a condition
+    the rule leaves out as None. One row per line keeps the table readable as a table, and a
+    re-tune's diff to the rows it moves."""
+    given = dict(zip(_RULE_FIELDS, values, strict=True))
+    for name in _RANGE_FIELDS:
+        if given[name] is not None:
+            given[name] = Range(*given[name])
+    return Rule(**given)
+
+
+#: a Rule's fields in order (a table row's columns), and those that hold a Range
+_RULE_FIELDS = tuple(f.name for f in fields(Rule))
+_RANGE_FIELDS = ("tokens", "batch_heads", "heads")
 
 
 def ahead_of_measured(rule: Rule) -> bool:

@@ -7,18 +7,31 @@ hold, the spec's static rules for the others (docs/design.md, "Architecture").
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from itertools import takewhile
 from pathlib import Path
+from typing import Iterator
 
 from gdngen.device.lanes import butterfly_offsets, reduce_scatter
-from gdngen.dispatch import Rule, ahead_of_measured, coverage_gap, measured_rules, reached
+from gdngen.dispatch import (
+    Rule,
+    ahead_of_measured,
+    coverage_gap,
+    measured_evidence,
+    measured_rules,
+    reached,
+)
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
-from gdngen.tune.tuning_file import Measured, TuningError, set_key
+from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
+
+from .dispatch_table import RowFormat
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+#: the file beside dispatch.py that says why each measured row picks its variant
+EVIDENCE = "dispatch_evidence.txt"
 
 
 @dataclass(frozen=True)
@@ -150,21 +163,7 @@ def plan_target(
             context={"target": target_info, "variant_names": [v.name for v in views]},
         )
     )
-    files.append(
-        PlannedFile(
-            relpath="dispatch.py",
-            template="dispatch.py.j2",
-            spec_path=spec_path,
-            context={
-                "target": spec.target,
-                "table_gpu": spec.tuning.gpu if spec.tuning and measured else None,
-                **dispatch_tables(
-                    dispatch_rules(spec, measured),
-                    {gpu: dispatch_rules(spec, other) for gpu, other in (other_gpus or {}).items()},
-                ),
-            },
-        )
-    )
+    files += dispatch_files(spec, spec_path, measured, other_gpus or {})
     files.append(
         PlannedFile(
             relpath="__init__.py",
@@ -239,7 +238,7 @@ def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
 
 
 def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
-    """dispatch.py.j2's tables: the rules every table starts with (the spec's rules that go ahead
+    """dispatch.py's tables: the rules every table starts with (the spec's rules that go ahead
     of measured ones, the same in each, as no measured rule comes before them), written once as
     ``ahead``; then ``rules`` (the default table) and each GPU model's table without them."""
     ahead = list(takewhile(ahead_of_measured, rules))
@@ -253,6 +252,81 @@ def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
     }
 
 
+def dispatch_files(
+    spec: Spec, spec_path: str, measured: Measured | None, other_gpus: dict[str, Measured]
+) -> list[PlannedFile]:
+    """``dispatch.py``, its tables a rule a line (gdngen.emit.dispatch_table), and where any of
+    them is measured, ``dispatch_evidence.txt``: why each of their measured rows picks its
+    variant."""
+    table_gpu = spec.tuning.gpu if spec.tuning and measured else None
+    # per table: its key ("TABLE", or its GPU model in TABLES), tuning file and rules
+    tables = [("TABLE", measured, dispatch_rules(spec, measured))]
+    tables += [(gpu, other, dispatch_rules(spec, other)) for gpu, other in other_gpus.items()]
+    parts = dispatch_tables(tables[0][2], {gpu: rules for gpu, _, rules in tables[1:]})
+    evidence = []  # per table with measured rows: the rows' sources, variants and evidence
+    for key, tuning, rules in tables:
+        why = dispatch_evidence(spec, tuning) if tuning else {}
+        rows = [(rule.source, rule.use, why[rule.source]) for rule in rules if rule.source in why]
+        if rows:
+            name = "TABLE" if key == "TABLE" else f"TABLES[{json.dumps(key)}]"
+            evidence.append({"key": key, "name": name, "file": tuning.name, "rows": rows})
+    layout = RowFormat.for_spec(
+        (spec.variant_name(v) for v in spec.variants), spec.features.max_tokens
+    )
+    files = [
+        PlannedFile(
+            relpath="dispatch.py",
+            template="dispatch.py.j2",
+            spec_path=spec_path,
+            context={
+                "target": spec.target,
+                "table_gpu": table_gpu,
+                "header": layout.header(),
+                "ahead": [layout.row(rule) for rule in parts["ahead"]],
+                "rules": [layout.row(rule) for rule in parts["rules"]],
+                "tables": {
+                    gpu: [layout.row(rule) for rule in rules]
+                    for gpu, rules in parts["tables"].items()
+                },
+                # the tuning file each table's measured rows cite, by its key
+                "cites": {table["key"]: table["file"] for table in evidence},
+                "evidence": EVIDENCE if evidence else None,
+            },
+        )
+    ]
+    if evidence:
+        files.append(
+            PlannedFile(
+                relpath=EVIDENCE,
+                template="dispatch_evidence.txt.j2",
+                spec_path=spec_path,
+                context={"target": spec.target, "tables": evidence},
+            )
+        )
+    return files
+
+
+def _measured_by_head_dims(
+    spec: Spec, measured: Measured
+) -> Iterator[tuple[list[Cell], list[tuple[str, str]], tuple[int, int]]]:
+    """Per head dims the grid measures: the cells measured at them, the (layout, dtype) pairs
+    whose timings there hold (:func:`measured_sets`), and the head dims."""
+    sets = measured_sets(spec, measured)
+    base = spec.tuning_head_dims
+    for dims in spec.tuned_head_dims:
+        cells = [c for c in measured.cells if c.head_dims(base) == dims]
+        yield cells, [(layout, dtype) for layout, dtype, d in sets if d == dims], dims
+
+
+def dispatch_evidence(spec: Spec, measured: Measured) -> dict[str, list[str]]:
+    """Why each measured rule of :func:`dispatch_rules` picks its variant, by its ``source``
+    (gdngen.dispatch.measured_evidence)."""
+    evidence = {}
+    for cells, pairs, dims in _measured_by_head_dims(spec, measured):
+        evidence.update(measured_evidence(cells, pairs, spec.features.max_tokens, dims))
+    return evidence
+
+
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     """The dispatch table (first match wins): the spec's rules for calls with the gated RMSNorm
     epilogue and its rules that name a call form (the tuning times the recurrence alone, on dense
@@ -260,19 +334,13 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     hold, at the head dims they were measured at; then the spec's other static rules that still
     serve some call (every call of the other pairs, and the measured pairs' calls at other head
     dims), each citing where it came from."""
-    sets = measured_sets(spec, measured)
     static = [
-        replace(rule, source=f"spec dispatch[{index}]") for index, rule in enumerate(spec.dispatch)
+        replace(rule, source=f"spec[{index}]") for index, rule in enumerate(spec.dispatch)
     ]
     rules = [rule for rule in static if ahead_of_measured(rule)]
     if measured:
-        base = spec.tuning_head_dims
-        for dims in spec.tuned_head_dims:
-            rules += measured_rules(
-                [c for c in measured.cells if c.head_dims(base) == dims],
-                [(layout, state_dtype) for layout, state_dtype, d in sets if d == dims],
-                spec.features.max_tokens, measured.name, dims,
-            )  # fmt: skip
+        for cells, pairs, dims in _measured_by_head_dims(spec, measured):
+            rules += measured_rules(cells, pairs, spec.features.max_tokens, dims)
     rules += [rule for rule in static if not ahead_of_measured(rule)]
     gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured

@@ -1,4 +1,4 @@
-"""Rendering a planned file: Jinja, then black, then the header.
+"""Rendering a planned file: Jinja, then black (for a module), then the header.
 
 The header's hash is taken over the file's formatted content below it, so a file changes exactly
 when its code does: a template edit that leaves a module's code alone leaves the module alone.
@@ -84,9 +84,16 @@ def _where(planned: PlannedFile) -> str:
     return f"{planned.template} -> {planned.relpath}"
 
 
+def _is_python(planned: PlannedFile) -> bool:
+    """Whether black formats the file: a module, not a text file beside them."""
+    return planned.relpath.endswith(".py")
+
+
 def render(planned: PlannedFile) -> str:
-    """The final text of one file: rendered, formatted by black, headed."""
-    content = _formatted(_where(planned), _template_text(planned))
+    """The final text of one file: rendered, formatted by black (a module), headed."""
+    content = _template_text(planned)
+    if _is_python(planned):
+        content = _formatted(_where(planned), content)
     return header(planned, content) + content
 
 
@@ -129,9 +136,17 @@ def render_all(planned: list[PlannedFile]) -> list[str]:
     """:func:`render` of every file, in order. Black takes most of an emit (a fifth of a second
     a kernel module), so the templates render here and the modules are formatted in shares, one
     a process (:func:`_format_processes`): this one and forks of it."""
-    texts = [_template_text(p) for p in planned]
-    wheres = [_where(p) for p in planned]
-    processes = _format_processes(len(planned))
+    contents = [_template_text(p) for p in planned]
+    modules = [i for i, p in enumerate(planned) if _is_python(p)]
+    formatted = _format_all([_where(planned[i]) for i in modules], [contents[i] for i in modules])
+    for i, content in zip(modules, formatted):
+        contents[i] = content
+    return [header(p, content) + content for p, content in zip(planned, contents)]
+
+
+def _format_all(wheres: list[str], texts: list[str]) -> list[str]:
+    """``texts`` formatted by black (``wheres``: each one's template and file), in shares."""
+    processes = _format_processes(len(texts))
     shares = [slice(start, None, processes) for start in range(processes)]
     context = multiprocessing.get_context("fork") if processes > 1 else None
     forked = []
@@ -146,7 +161,7 @@ def render_all(planned: list[PlannedFile]) -> list[str]:
         process.start()
         sender.close()
         forked.append((share, receiver, process))
-    contents: list[str | None] = [None] * len(planned)
+    contents: list[str | None] = [None] * len(texts)
     errors: list[str] = []
     try:
         contents[shares[0]] = list(map(_formatted, wheres[shares[0]], texts[shares[0]]))
@@ -161,4 +176,4 @@ def render_all(planned: list[PlannedFile]) -> list[str]:
             contents[share] = result
     if errors:
         raise RenderError(errors[0])
-    return [header(p, content) + content for p, content in zip(planned, contents)]
+    return contents

@@ -229,7 +229,7 @@ class Measured:
     """What a tuning file holds for a spec: the cells of the pairs whose timings still hold, and
     why each other pair's do not (those pairs fall back to the spec's static rules)."""
 
-    #: the file as dispatch rules cite it (a path relative to the project)
+    #: the file as the emitted dispatch cites it (a path relative to the project)
     name: str
     cells: tuple[Cell, ...]
     #: :func:`set_key` ("layout/dtype", with head dims other than the base) -> why its cells

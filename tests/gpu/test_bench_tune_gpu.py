@@ -70,9 +70,8 @@ def test_tune_small_grid_feeds_emit(tmp_path):
         assert cell.times_us and all(us > 0 for us in cell.times_us.values())
     assert not tuning.stale
     rules = measured_rules(
-        tuning.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml",
-        spec.tuning_head_dims,
-    )  # fmt: skip
+        tuning.cells, spec.served, spec.features.max_tokens, spec.tuning_head_dims
+    )
     assert {rule.intermediate for rule in rules} == {"no", "yes"}
 
     # --retime: a second process times each cell's contenders again and adds that timing
@@ -97,10 +96,7 @@ def test_tune_small_grid_feeds_emit(tmp_path):
             assert sorted(timing) == sorted(names) and all(us > 0 for us in timing.values())
             retimed += 1
     assert retimed > 0
-    measured_rules(
-        again.cells, spec.served, spec.features.max_tokens, "h200.tuning.yaml",
-        spec.tuning_head_dims,
-    )  # fmt: skip
+    measured_rules(again.cells, spec.served, spec.features.max_tokens, spec.tuning_head_dims)
 
 
 def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):

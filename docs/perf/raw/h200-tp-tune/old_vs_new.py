@@ -33,7 +33,7 @@ def rules_of(path: Path, spec, name: str):
     assert not measured.stale, measured.stale
     cells = [c for c in measured.cells if c.K is None]
     pairs = sorted({(c.layout, c.state_dtype) for c in cells})
-    return cells, measured_rules(cells, pairs, spec.features.max_tokens, name, spec.tuning_head_dims)
+    return cells, measured_rules(cells, pairs, spec.features.max_tokens, spec.tuning_head_dims)
 
 
 def key(cell):
