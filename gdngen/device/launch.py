@@ -27,16 +27,14 @@ def decode_launcher(
     gated_norm: bool,
     min_ctas_per_sm: int = 0,
 ):
-    """``launch(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
-    cu_seqlens, cache_rows, out, cache, z, norm_weight, conv_state, conv_weight, conv_bias,
-    conv_arrivals, conv_windows, scale, norm_eps, T, use_qk_l2norm, write_final_state, null_slot,
-    per_token_slots, uniform_rows, exact_slot_table, norm_activation, conv_activation, stream)``
-    for ``decode_kernel``;
+    """``launch(<the kernel's arguments>, stream)`` for ``decode_kernel``: the arguments are
+    gdngen.runtime.kernel_args's KERNEL_ARGS, in that order (CuTe DSL reads the parameters from
+    this source, so they are spelled here; tests/test_kernel_args.py holds them to it).
     ``gated_norm``: whether the kernel has the stepwise solve, and so the gated RMSNorm epilogue
     (``z`` and ``norm_weight`` None without it) and the conv1d prologue (``conv_*`` None without
-    it; ``conv_windows`` None without the verify cache as well); with ``min_ctas_per_sm``, launch bounds that fit that
-    many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row per sequence, a dense
-    one per batch row."""
+    it; ``conv_windows`` None without the verify cache as well); with ``min_ctas_per_sm``, launch
+    bounds that fit that many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row
+    per sequence, a dense one per batch row."""
 
     @cute.jit
     def launch(
@@ -55,15 +53,7 @@ def decode_launcher(
         cache_rows,
         out: cute.Tensor,
         cache,
-        z,
-        norm_weight,
-        conv_state,
-        conv_weight,
-        conv_bias,
-        conv_arrivals,
-        conv_windows,
         scale: Float32,
-        norm_eps: Float32,
         T: Constexpr[int],
         use_qk_l2norm: Constexpr[bool],
         write_final_state: Constexpr[bool],
@@ -71,7 +61,15 @@ def decode_launcher(
         per_token_slots: Constexpr[bool],
         uniform_rows: Constexpr[bool],
         exact_slot_table: Constexpr[bool],
+        z,
+        norm_weight,
+        norm_eps: Float32,
         norm_activation: Constexpr[str],
+        conv_state,
+        conv_weight,
+        conv_bias,
+        conv_arrivals,
+        conv_windows,
         conv_activation: Constexpr[str],
         stream,
     ):
@@ -104,9 +102,9 @@ def decode_launcher(
                     f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
                 )
         kernel = decode_kernel(
-            q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted,
-            cu_seqlens, cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state,
-            null_slot, per_token_slots, uniform_rows, exact_slot_table, z, norm_weight, norm_eps,
+            q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted, cu_seqlens,
+            cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state, null_slot,
+            per_token_slots, uniform_rows, exact_slot_table, z, norm_weight, norm_eps,
             norm_activation, conv_state, conv_weight, conv_bias, conv_arrivals, conv_windows,
             conv_activation,
         )  # fmt: skip

@@ -23,6 +23,7 @@ from gdngen.dispatch import (
     measured_rules,
     reached,
 )
+from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
@@ -192,7 +193,13 @@ def kernel_body(spec: Spec, variant: Variant) -> tuple[Spec, str, str] | None:
 def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
     """A variant's kernel module: its own body, or, where a spec this one extends has the same
     knob point, a module that names that target's body and compiles it for this SM."""
-    context = {"name": view.name, "sm": spec.sm, "spec_path": spec_path, "variant": view}
+    context = {
+        "name": view.name,
+        "sm": spec.sm,
+        "spec_path": spec_path,
+        "variant": view,
+        "kernel_args": KERNEL_ARGS,
+    }
     body = kernel_body(spec, view.variant)
     if body is None:
         return PlannedFile(f"kernels/{view.name}.py", "decode.py.j2", spec_path, context)

@@ -15,6 +15,7 @@ from gdngen.terms import kernel_serves_head_dims
 
 from .arg_checks import VECTOR_ALIGN
 from .checks import Call
+from .kernel_args import KERNEL_ARGS, KernelArg
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
@@ -120,7 +121,7 @@ def _cute_type(name: str):
 
 
 def fake_arguments(key: CompileKey, layout: str) -> list:
-    """Stand-ins for launch's arguments, in its order (the compile-time ones last)."""
+    """Stand-ins for launch's arguments, in its order (gdngen.runtime.kernel_args)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
@@ -231,42 +232,46 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
                 tuple(outer_stride(1) for _ in range(4)),
                 assumed_align=ELEMENT_BYTES[key.io_dtype],
             )
+    run_time = {
+        "q": token_rows(H, K),
+        "k": token_rows(H, K),
+        "v": token_rows(HV, V),
+        "a": gates(key.gate_dtype),
+        "b": gates(key.gate_dtype),
+        "A_log": compact("fp32", (HV,), 4),
+        "dt_bias": compact(key.dt_bias_dtype, (HV,), ELEMENT_BYTES[key.dt_bias_dtype]),
+        "state": pool,
+        "read_slots": slots,
+        "write_slots": write_slots,
+        "num_accepted": num_accepted,
+        "cu_seqlens": cu_seqlens,
+        "cache_rows": cache_rows,
+        "out": compact(key.io_dtype, (lead, tokens, HV, V), VECTOR_ALIGN),
+        "cache": cache,
+        "z": z,
+        "norm_weight": norm_weight,
+        "conv_state": conv_state,
+        "conv_weight": conv_weight,
+        "conv_bias": conv_bias,
+        "conv_arrivals": conv_arrivals,
+        "conv_windows": conv_windows,
+        # run-time values: any stands in
+        "scale": cutlass.Float32(1.0),
+        "norm_eps": cutlass.Float32(1e-6),
+    }
     return [
-        token_rows(H, K),  # q
-        token_rows(H, K),  # k
-        token_rows(HV, V),  # v
-        gates(key.gate_dtype),  # a
-        gates(key.gate_dtype),  # b
-        compact("fp32", (HV,), 4),  # A_log
-        compact(key.dt_bias_dtype, (HV,), ELEMENT_BYTES[key.dt_bias_dtype]),  # dt_bias
-        pool,
-        slots,
-        write_slots,
-        num_accepted,
-        cu_seqlens,
-        cache_rows,
-        compact(key.io_dtype, (lead, tokens, HV, V), VECTOR_ALIGN),  # out
-        cache,
-        z,
-        norm_weight,
-        conv_state,
-        conv_weight,
-        conv_bias,
-        conv_arrivals,
-        conv_windows,
-        cutlass.Float32(1.0),  # scale (a run-time value)
-        cutlass.Float32(1e-6),  # norm_eps (a run-time value)
-        key.tokens,
-        key.use_qk_l2norm,
-        key.write_final_state,
-        key.null_slot,
-        key.per_token_slots,
-        key.uniform_rows,
-        key.exact_slot_table,
-        key.norm_activation or "silu",
-        key.conv_activation or "silu",
+        *(
+            run_time[arg.name] if not arg.compile_time else option_value(key, arg)
+            for arg in KERNEL_ARGS
+        ),
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]
+
+
+def option_value(key: CompileKey, arg: KernelArg):
+    """A compile-time argument's value for ``key`` (its default where the feature is off)."""
+    value = getattr(key, arg.source)
+    return arg.default if value is None else value
 
 
 def compile_kernel(module: ModuleType, key: CompileKey, *, dump_dir: Path | None = None):

@@ -26,6 +26,8 @@ tensors' device is made current for the planning (compile and load) and the laun
 from __future__ import annotations
 
 import importlib
+import inspect
+import linecache
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,8 +40,9 @@ from gdngen.terms import variant_pair
 
 from .checks import Call, check_call, check_index_values
 from .compile import CompileKey
-from .conv_checks import conv_weight_view
+from .conv_checks import conv_weight_view as kernel_conv_weight
 from .info import TargetInfo
+from .kernel_args import CHECKED, KEYWORDS, RUN_TIME_ARGS
 from .store import kernel_for
 from .siblings import wrong_gpu_message
 from .views import kernel_views, needs_views
@@ -150,6 +153,71 @@ def call_key(
     )  # fmt: skip
 
 
+#: ``DecodeCall.__call__``, written out once from the declared arguments
+#: (gdngen.runtime.kernel_args): its signature binds the public keywords, and the call's
+#: signature (call_key) and the launch's argument tuple are plain expressions in it, so the
+#: per-call path costs what a hand-written one would. Only the argument lists are filled in.
+_CALL_SOURCE = """\
+def __call__(self, {signature}):
+    returned, squeeze = output, None
+    if needs_views(q, mixed_qkv, cu_seqlens, a, b, output, z):
+        q, k, v, a, b, output, z, squeeze = self._views(
+            q, k, v, a, b, output, mixed_qkv, cu_seqlens, z
+        )
+    try:
+        key = call_key({key_arguments})
+        plan = None if check_indices else self._plans.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
+        key, plan = None, None
+    known = plan is not None
+    if not known:
+        plan = self._planned(key, dict({checked_arguments}))
+    pool = state if state is not None else initial_state
+    if output is None:
+        output = torch.empty(
+            (*q.shape[:2], *plan.head_shape), dtype=plan.output_dtype, device=plan.device
+        )
+        returned = output if squeeze is None else output.squeeze(squeeze)
+    conv_weight_view = None if conv_weight is None else kernel_conv_weight(conv_weight)
+    arguments = ({launch_arguments},)
+    try:
+        if torch.cuda.current_device() == plan.device.index:
+            plan.kernel(*arguments)
+        else:
+            # A kernel launches into the current device's context: make the tensors' device
+            # current for the launch (the stream is already theirs: TVM-FFI takes the
+            # current stream of the tensors' device).
+            with torch.cuda.device(plan.device):
+                plan.kernel(*arguments)
+    except (ValueError, TypeError):
+        if known:  # the kernel refused an argument before launching: the checks say which
+            self._plan(dict({checked_arguments}))
+        raise
+    return returned, pool
+"""
+
+
+def _generated_call():
+    """``__call__`` from :data:`_CALL_SOURCE` and the declared arguments; its lines show in
+    tracebacks under ``<DecodeCall.__call__>``."""
+    key_names = [name for name in CHECKED if name != "check_indices"]
+    if list(inspect.signature(call_key).parameters) != key_names:
+        raise AssertionError("call_key takes the checked keywords in kernel_args's order")
+    positional = [f"{k.name}={k.default!r}" for k in KEYWORDS if k.positional]
+    keyword_only = [f"{k.name}={k.default!r}" for k in KEYWORDS if not k.positional]
+    source = _CALL_SOURCE.format(
+        signature=", ".join(positional + ["*"] + keyword_only),
+        key_arguments=", ".join(key_names),
+        checked_arguments=", ".join(f"{name}={name}" for name in CHECKED),
+        launch_arguments=", ".join(arg.value for arg in RUN_TIME_ARGS),
+    )
+    filename = "<DecodeCall.__call__>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {}
+    exec(compile(source, filename, "exec"), globals(), namespace)
+    return namespace["__call__"]
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a call of one signature launches."""
@@ -236,120 +304,34 @@ class DecodeCall:
             conv_arrivals=None if call.conv is None else conv_arrivals(call.conv.state, call.H),
         )
 
-    def __call__(
-        self,
-        q=None,
-        k=None,
-        v=None,
-        state=None,
-        A_log=None,
-        a=None,
-        dt_bias=None,
-        b=None,
-        *,
-        scale=None,
-        output=None,
-        use_qk_l2norm=True,
-        initial_state=None,
-        initial_state_indices=None,
-        output_state_indices=None,
-        intermediate_states_buffer=None,
-        disable_state_update=False,
-        state_layout="k_last",
-        check_indices=False,
-        null_slot=-1,
-        cu_seqlens=None,
-        max_seqlen=None,
-        uniform_seqlen=False,
-        num_accepted_tokens=None,
-        intermediate_state_indices=None,
-        mixed_qkv=None,
-        z=None,
-        norm_weight=None,
-        norm_eps=1e-6,
-        norm_activation="silu",
-        conv_state=None,
-        conv_weight=None,
-        conv_bias=None,
-        conv_activation="silu",
-        intermediate_conv_windows=None,
-    ):
-        returned = output
-        squeeze = None
-        if needs_views(q, mixed_qkv, cu_seqlens, a, b, output, z):
-            views = kernel_views(
-                self._info(), q=q, k=k, v=v, a=a, b=b, output=output, mixed_qkv=mixed_qkv,
-                cu_seqlens=cu_seqlens, z=z,
-            )  # fmt: skip
-            q, k, v, a, b, output = views.q, views.k, views.v, views.a, views.b, views.output
-            z = views.z
-            squeeze = views.output_squeeze
-        try:
-            key = call_key(
-                q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm,
-                initial_state, initial_state_indices, output_state_indices,
-                intermediate_states_buffer, disable_state_update, state_layout, null_slot,
-                cu_seqlens, max_seqlen, uniform_seqlen, num_accepted_tokens,
-                intermediate_state_indices, z,
-                norm_weight, norm_eps, norm_activation, conv_state, conv_weight, conv_bias,
-                conv_activation, intermediate_conv_windows,
-            )  # fmt: skip
-            plan = None if check_indices else self._plans.get(key)
-        except (AttributeError, TypeError, RuntimeError):  # not a (real) tensor: the checks say
-            key, plan = None, None
-        known = plan is not None
-        if not known:
-            with launch_device(q):
-                plan = self._plan(self._arguments(locals()))
-            if key is not None:
-                with self._lock:
-                    if len(self._plans) >= MAX_SIGNATURES:
-                        self._plans.clear()
-                    self._plans[key] = plan
-        pool = state if state is not None else initial_state
-        if output is None:
-            output = torch.empty(
-                (*q.shape[:2], *plan.head_shape), dtype=plan.output_dtype, device=plan.device
-            )
-            returned = output if squeeze is None else output.squeeze(squeeze)
-        arguments = (
-            q, k, v, a, b, A_log, dt_bias, pool, initial_state_indices, output_state_indices,
-            num_accepted_tokens, cu_seqlens, intermediate_state_indices, output,
-            intermediate_states_buffer, z, norm_weight, conv_state,
-            conv_weight_view(conv_weight) if conv_weight is not None else None, conv_bias,
-            plan.conv_arrivals, intermediate_conv_windows, plan.scale, plan.norm_eps,
+    __call__ = _generated_call()
+
+    def _views(self, q, k, v, a, b, output, mixed_qkv, cu_seqlens, z) -> tuple:
+        """q, k, v, a, b, output, z in the kernel's form (gdngen.runtime.views), and the dim the
+        caller's output lacks (None: the same form)."""
+        views = kernel_views(
+            self._info(), q=q, k=k, v=v, a=a, b=b, output=output, mixed_qkv=mixed_qkv,
+            cu_seqlens=cu_seqlens, z=z,
         )  # fmt: skip
-        try:
-            if torch.cuda.current_device() == plan.device.index:
-                plan.kernel(*arguments)
-            else:
-                # A kernel launches into the current device's context: make the tensors' device
-                # current for the launch (the stream is already theirs: TVM-FFI takes the
-                # current stream of the tensors' device).
-                with torch.cuda.device(plan.device):
-                    plan.kernel(*arguments)
-        except (ValueError, TypeError):
-            if known:  # the kernel refused an argument before launching: the checks say which
-                self._plan(self._arguments(locals()))
-            raise
-        return returned, pool
+        return (
+            views.q, views.k, views.v, views.a, views.b, views.output, views.z,
+            views.output_squeeze,
+        )  # fmt: skip
+
+    def _planned(self, key: tuple | None, arguments: dict) -> Plan:
+        """The plan of a call not seen before (``arguments`` as check_call takes them, with
+        ``check_indices``), remembered under its signature."""
+        with launch_device(arguments["q"]):
+            plan = self._plan(arguments)
+        if key is not None:
+            with self._lock:
+                if len(self._plans) >= MAX_SIGNATURES:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan
 
     #: the keywords check_call takes, with the call's defaults (``prepare`` starts from these)
-    CHECKED = dict(
-        q=None, k=None, v=None, state=None, A_log=None, a=None, dt_bias=None, b=None, scale=None,
-        output=None, use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
-        output_state_indices=None, intermediate_states_buffer=None, disable_state_update=False,
-        state_layout="k_last", check_indices=False, null_slot=-1, cu_seqlens=None,
-        max_seqlen=None, uniform_seqlen=False, num_accepted_tokens=None,
-        intermediate_state_indices=None, z=None, norm_weight=None, norm_eps=1e-6,
-        norm_activation="silu", conv_state=None, conv_weight=None, conv_bias=None,
-        conv_activation="silu", intermediate_conv_windows=None,
-    )  # fmt: skip
-
-    @classmethod
-    def _arguments(cls, scope: dict) -> dict:
-        """The call's arguments, as check_call takes them, from ``__call__``'s locals."""
-        return {name: scope[name] for name in cls.CHECKED}
+    CHECKED = CHECKED
 
     def prepare(
         self,
@@ -374,15 +356,10 @@ class DecodeCall:
             raise TypeError(f"prepare: unexpected keyword argument(s) {sorted(unknown)}")
         arguments.update(options)
         z = arguments["z"]
-        if needs_views(q, mixed_qkv, arguments["cu_seqlens"], a, b, arguments["output"], z):
-            views = kernel_views(
-                self._info(), q=q, k=k, v=v, a=a, b=b, output=arguments["output"],
-                mixed_qkv=mixed_qkv, cu_seqlens=arguments["cu_seqlens"], z=z,
-            )  # fmt: skip
-            arguments.update(
-                q=views.q, k=views.k, v=views.v, a=views.a, b=views.b, output=views.output,
-                z=views.z,
-            )  # fmt: skip
+        output, cu_seqlens = arguments["output"], arguments["cu_seqlens"]
+        if needs_views(q, mixed_qkv, cu_seqlens, a, b, output, z):
+            lifted = self._views(q, k, v, a, b, output, mixed_qkv, cu_seqlens, z)
+            arguments.update(zip(("q", "k", "v", "a", "b", "output", "z"), lifted))
         with launch_device(q):
             return self._plan(arguments).variant
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .arg_checks import VECTOR_ALIGN, require_dtype, require_tensor, shape_text
-from .checks import IO_DTYPES
+from .form_checks import IO_DTYPES
 from .info import TargetInfo
 
 #: (target name, row width, HV) -> (H, K, HV, V), for the geometry a mixed_qkv width names

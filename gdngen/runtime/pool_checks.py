@@ -1,0 +1,158 @@
+"""The state's checks: a dense per-row state or a pool of slots, the slot indices, and the
+verify cache beside it. Messages as gdngen.runtime.checks says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .arg_checks import (
+    VECTOR_ALIGN,
+    dtype_name,
+    require_aligned,
+    require_contiguous,
+    require_dims,
+    require_dtype,
+    require_inner_contiguous,
+    shape_text,
+)
+from .form_checks import INDEX_DTYPES, Tokens, check_slot_table, index_vector
+from .info import TargetInfo
+
+STATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The checked state: ``state`` (one per row) or ``initial_state`` (a pool of slots)."""
+
+    name: str
+    tensor: torch.Tensor
+    dtype: str
+    #: a head's dims, (V, K) for k_last, (K, V) for v_last, and how messages name them
+    head_dims: tuple[int, int]
+    head_meaning: str
+
+
+def check_pool(info: TargetInfo, state, initial_state, state_layout, HV, K, V) -> Pool:
+    if (state is None) == (initial_state is None):
+        raise ValueError(
+            "state / initial_state: pass exactly one: state=[B, HV, ...] updated in place, or "
+            "initial_state=[pool, HV, ...] with initial_state_indices"
+            + ("" if state is None else "; both were given")
+        )
+    pool_name = "state" if state is not None else "initial_state"
+    pool = state if state is not None else initial_state
+    state_dtype = require_dtype(pool_name, pool, STATE_DTYPES)
+    head_dims = (V, K) if state_layout == "k_last" else (K, V)
+    head_meaning = "V, K" if state_layout == "k_last" else "K, V"
+    require_dims(
+        pool_name, pool, (None, HV) + head_dims, f"[pool, HV, {head_meaning}] ({state_layout})"
+    )
+    if (state_layout, state_dtype) not in info.served:
+        served = ", ".join(f"{lay}/{dt}" for lay, dt in info.served)
+        what = (
+            f"variants with `layout: {state_layout}, state_dtype: {state_dtype}` and dispatch "
+            f"rules for {state_layout}/{state_dtype}"
+        )
+        raise ValueError(
+            f"{pool_name}: a {state_layout} {state_dtype} state is not served by target "
+            f"{info.name} (it serves {served}). {info.add_to_spec(what)}"
+        )
+    require_inner_contiguous(pool_name, pool, 3, f"[HV, {head_meaning}]")
+    if pool.size(0) > 1 and pool.stride(0) < HV * V * K:
+        raise ValueError(
+            f"{pool_name}: slots overlap (stride of dim 0 is {pool.stride(0)}, one slot holds "
+            f"{HV * V * K} elements)"
+        )
+    require_aligned(pool_name, pool, VECTOR_ALIGN // pool.element_size(), outer_dims=1)
+    if pool.size(0) < 1:
+        raise ValueError(f"{pool_name}: the pool is empty (shape {shape_text(pool)})")
+    return Pool(pool_name, pool, state_dtype, head_dims, head_meaning)
+
+
+def check_per_row_state(tokens: Tokens, pool: Pool, write_slots, num_accepted, cache_rows):
+    """A state without slot indices: one per row, so no other index table either."""
+    for name, given in (
+        ("output_state_indices", write_slots),
+        ("num_accepted_tokens", num_accepted),
+        ("intermediate_state_indices", cache_rows),
+    ):
+        if given is not None:
+            raise ValueError(f"{name}: needs initial_state_indices (the read slots) as well")
+    if pool.tensor.size(0) != tokens.rows:
+        what = "sequence" if tokens.packed else "batch row"
+        raise ValueError(
+            f"{pool.name}: without initial_state_indices the state is per {what}, so its "
+            f"dim 0 must be {'N' if tokens.packed else 'B'}={tokens.rows}; "
+            f"got {shape_text(pool.tensor)}"
+        )
+
+
+def check_slots(
+    info: TargetInfo, tokens: Tokens, read_slots, write_slots, num_accepted, disable_state_update
+) -> str:
+    """The slot indices of a pool: [N] per row (with [N] write slots), or a per-token table.
+    Returns their dtype."""
+    index_dtype = require_dtype("initial_state_indices", read_slots, INDEX_DTYPES)
+    if index_dtype not in info.index_dtypes:
+        raise TypeError(
+            f"initial_state_indices: target {info.name} was generated for "
+            f"{'/'.join(info.index_dtypes)} indices; got {index_dtype}"
+        )
+    if read_slots.dim() == 2:
+        check_slot_table(tokens, read_slots, write_slots, num_accepted, disable_state_update)
+        return index_dtype
+    require_dims("initial_state_indices", read_slots, (tokens.rows,), tokens.rows_meaning)
+    require_contiguous("initial_state_indices", read_slots)
+    if num_accepted is not None:
+        raise ValueError(
+            "num_accepted_tokens: needs per-token slots, initial_state_indices of shape "
+            f"[N, 1 + S]; got {shape_text(read_slots)}"
+        )
+    if write_slots is not None:
+        if write_slots.dtype != read_slots.dtype:
+            raise TypeError(
+                f"output_state_indices: expected dtype {dtype_name(read_slots.dtype)} "
+                f"(as initial_state_indices); got {dtype_name(write_slots.dtype)}"
+            )
+        require_dims("output_state_indices", write_slots, (tokens.rows,), tokens.rows_meaning)
+        require_contiguous("output_state_indices", write_slots)
+    return index_dtype
+
+
+def check_cache(tokens: Tokens, pool: Pool, cache_buffer, cache_rows, read_slots) -> None:
+    """The verify cache ``intermediate_states_buffer`` and the rows it is written at."""
+    if cache_rows is not None and cache_buffer is None:
+        raise ValueError(
+            "intermediate_state_indices: names rows of intermediate_states_buffer, which is missing"
+        )
+    if cache_buffer is None:
+        return
+    if cache_buffer.dtype != pool.tensor.dtype:
+        raise TypeError(
+            f"intermediate_states_buffer: expected dtype {dtype_name(pool.tensor.dtype)} (as the "
+            f"state); got {dtype_name(cache_buffer.dtype)}"
+        )
+    if cache_rows is not None:
+        index_vector(
+            "intermediate_state_indices", cache_rows, read_slots.dtype, tokens.rows,
+            tokens.rows_meaning,
+        )  # fmt: skip
+    rows_name = "R" if cache_rows is not None else "N" if tokens.packed else "B"
+    require_dims(
+        "intermediate_states_buffer",
+        cache_buffer,
+        (None if cache_rows is not None else tokens.rows, None, pool.tensor.size(1))
+        + pool.head_dims,
+        f"[{rows_name}, cache_steps, HV, {pool.head_meaning}]",
+    )
+    if cache_buffer.size(1) < tokens.T:
+        raise ValueError(
+            f"intermediate_states_buffer: cache_steps (dim 1) must be >= T={tokens.T}; "
+            f"got {cache_buffer.size(1)}"
+        )
+    require_contiguous("intermediate_states_buffer", cache_buffer)
+    require_aligned("intermediate_states_buffer", cache_buffer, 1, outer_dims=0)
