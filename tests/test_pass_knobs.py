@@ -3,6 +3,8 @@ that each changes only the lines of the emitted kernel it is about."""
 
 import pytest
 
+from gdngen.emit import KernelPlan
+from gdngen.emit.shape import KernelShape
 from gdngen.spec.model import Variant
 from tests.spec_helpers import changed_code_lines, kernel_text
 
@@ -90,10 +92,11 @@ def test_cache_knob_names():
     assert streaming.name_for("sm_90a") == (
         "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_ldcs_stcs_staged_sm90"
     )
-    assert streaming.cache_hinted and not Variant(**STAGED).cache_hinted
+    assert KernelShape.of(streaming).cache_ops and not KernelShape.of(Variant(**STAGED)).cache_ops
     only_store = Variant(**STAGED, state_store_cache="global")
     assert only_store.name_for("sm_90a").endswith("_passes4_stcg_staged_sm90")
-    assert (only_store.load_cache_mode, only_store.store_cache_mode) == ("ALWAYS", "GLOBAL")
+    plan = KernelPlan.of(only_store, "sm_90a")
+    assert (plan.load_cache_mode, plan.store_cache_mode) == ("ALWAYS", "GLOBAL")
     with pytest.raises(ValueError, match="state_load_cache"):
         Variant(**STAGED, state_load_cache="evict_first")
 

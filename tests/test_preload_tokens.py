@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from gdngen.emit.shape import gates_in_token_loop_behind_slot_table, holds_state_behind_slot_table
 from gdngen.spec.model import Variant
 from tests.spec_helpers import changed_code_lines, kernel_text
 
@@ -80,9 +81,9 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     dropped = code_lines(plain) - code_lines(preloaded)
     new = code_lines(preloaded) - code_lines(plain)
     # At ILP 2 a preloading kernel also holds a 16-bit state behind a per-token slot table
-    # (Variant.holds_state_behind_slot_table; test_held_state_* below): its raw_state line and
+    # (holds_state_behind_slot_table; test_held_state_* below): its raw_state line and
     # the hold after the gates' loop, with their comments.
-    holds = Variant(**STEPWISE[shape], preload_tokens=True).holds_state_behind_slot_table
+    holds = holds_state_behind_slot_table(Variant(**STEPWISE[shape], preload_tokens=True))
     held_dropped = ["raw_state = conv_state is not None and state.element_type.width < 32"]
     held_new = [
         "raw_state = (conv_state is not None or per_token_slots) and state.element_type.width < 32",
@@ -157,12 +158,12 @@ def test_held_state_behind_a_slot_table_at_ilp_2_only(shape):
         variant = Variant(**knobs)
         text = kernel_text(knobs)
         holds = variant.preload_tokens and variant.ilp <= 2
-        assert variant.holds_state_behind_slot_table == holds
+        assert holds_state_behind_slot_table(variant) == holds
         assert (held in text) == holds
         assert text.count("hold_until_here(h_raw)") == (2 if holds else 1)  # and the conv one's
     staged = Variant(layout="k_last", state_dtype="bf16", tile_v=128, ilp=2, vec=8,
                      threads_per_group=16, solve="staged")  # fmt: skip
-    assert not staged.holds_state_behind_slot_table
+    assert not holds_state_behind_slot_table(staged)
 
 
 #: a preloading K-last kernel that converts its state at the load (ILP 4)
@@ -176,8 +177,8 @@ def test_gates_in_the_token_loop_behind_a_slot_table_where_the_state_is_not_held
     computes them before the loop as before."""
     switch = "gates_in_loop = per_token_slots and conv_state is None"
     variant = Variant(**ILP4, preload_tokens=True)
-    assert variant.gates_in_token_loop_behind_slot_table
-    assert not variant.holds_state_behind_slot_table
+    assert gates_in_token_loop_behind_slot_table(variant)
+    assert not holds_state_behind_slot_table(variant)
     text = kernel_text({**ILP4, "preload_tokens": True})
     assert text.count(switch) == 1
     solving_loop = text[text.index(SOLVING_LOOP) :]
@@ -194,5 +195,5 @@ def test_gates_in_the_token_loop_behind_a_slot_table_where_the_state_is_not_held
 
     others = [STEPWISE["k_last"], *(dict(k, preload_tokens=True) for k in STEPWISE.values()), ILP4]
     for knobs in others:
-        assert not Variant(**knobs).gates_in_token_loop_behind_slot_table, knobs
+        assert not gates_in_token_loop_behind_slot_table(Variant(**knobs)), knobs
         assert "gates_in_loop" not in kernel_text(knobs), knobs

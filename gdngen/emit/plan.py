@@ -12,45 +12,92 @@ from dataclasses import dataclass, field
 from itertools import takewhile
 from pathlib import Path
 
-from gdngen.device.lanes import butterfly_offsets, reduce_scatter
+from gdngen.device.lanes import butterfly_offsets, lane_stride, reduce_scatter
 from gdngen.dispatch import Rule, ahead_of_measured, coverage_gap, measured_rules, reached
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
 from gdngen.tune.tuning_file import Measured, TuningError, set_key
 
+from .shape import KernelShape
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
 @dataclass(frozen=True)
-class VariantView:
-    """A variant as its template sees it: every knob and derived number of :class:`Variant`
-    (read through, so a new knob or property needs no change here), plus the variant's name and
-    the prose of its docstring."""
+class KernelPlan:
+    """A variant as the templates see it: its name, the knobs its module spells, the shape of its
+    code (:class:`gdngen.emit.shape.KernelShape`, which picks the body), the numbers derived for
+    its code and the prose of its docstring. Plain data: the templates never read the spec's
+    pydantic models."""
 
-    variant: Variant
     name: str
     layout_doc: str
     summary: str
-
-    def __getattr__(self, attr: str):
-        return getattr(self.variant, attr)
+    shape: KernelShape
+    layout: str
+    state_dtype: str
+    tile_v: int
+    ilp: int
+    vec: int
+    threads_per_group: int
+    k_splits: int
+    row_passes: int
+    min_ctas_per_sm: int
+    #: warp lanes between K-neighbours of a group, and the XOR offsets of the group's butterfly
+    #: (gdngen.device.lanes)
+    lane_stride: int
+    butterfly_offsets: tuple[int, ...]
+    #: independent state loads a lane has in flight, vector loads a K-last lane spends on one
+    #: row's columns, and the bits of one state load or store
+    loads_per_lane: int
+    row_loads: int
+    load_bits: int
+    #: CuTe's LoadCacheMode and StoreCacheMode members of the state's cache operators
+    load_cache_mode: str
+    store_cache_mode: str
 
     @classmethod
-    def of(cls, spec: Spec, variant: Variant) -> "VariantView":
+    def of(cls, variant: Variant, sm: str) -> "KernelPlan":
+        stride = lane_stride(variant.layout, variant.threads_per_group)
         return cls(
-            variant=variant,
-            name=spec.variant_name(variant),
+            name=variant.name_for(sm),
             layout_doc=(
                 "K-last [pool, HV, V, K]"
                 if variant.layout == "k_last"
                 else "V-last [pool, HV, K, V]"
             ),
-            summary=_summary(variant),
+            summary=_summary(variant, stride),
+            shape=KernelShape.of(variant),
+            layout=variant.layout,
+            state_dtype=variant.state_dtype,
+            tile_v=variant.tile_v,
+            ilp=variant.ilp,
+            vec=variant.vec,
+            threads_per_group=variant.threads_per_group,
+            k_splits=variant.k_splits,
+            row_passes=variant.row_passes,
+            min_ctas_per_sm=variant.min_ctas_per_sm,
+            lane_stride=stride,
+            butterfly_offsets=butterfly_offsets(variant.threads_per_group, stride),
+            loads_per_lane=_loads_per_lane(variant),
+            row_loads=variant.row_loads,
+            load_bits=8 * variant.load_bytes,
+            load_cache_mode=(
+                "ALWAYS" if variant.state_load_cache == "all" else variant.state_load_cache.upper()
+            ),
+            store_cache_mode=variant.state_store_cache.upper(),
         )
 
 
-def _summary(variant: Variant) -> str:
-    """The kernel docstring's paragraph on how the variant maps the state onto lanes."""
+def _loads_per_lane(variant: Variant) -> int:
+    """Independent state loads a lane has in flight: K-last, its rows' loads; V-last, one a
+    column (a load covers ilp rows of one column)."""
+    return variant.ilp * variant.row_loads if variant.layout == "k_last" else variant.vec
+
+
+def _summary(variant: Variant, stride: int) -> str:
+    """The kernel docstring's paragraph on how the variant maps the state onto lanes (``stride``:
+    its lane stride)."""
     lanes = "lane" if variant.threads_per_group == 1 else "lanes"
     splits = f" in each of {variant.k_splits} K splits" if variant.k_splits > 1 else ""
     tiles = ","
@@ -67,9 +114,7 @@ def _summary(variant: Variant) -> str:
         if variant.preload_tokens:
             reduction += " (every token's q, k, v and gates loaded before the first)"
     else:
-        rows_held = reduce_scatter(
-            variant.ilp, variant.threads_per_group, variant.lane_stride
-        ).rows_held
+        rows_held = reduce_scatter(variant.ilp, variant.threads_per_group, stride).rows_held
         reduction = (
             f"solves the tokens staged: q, k and the gates of all T tokens are staged once per "
             f"CTA in shared memory, every dot product is taken against the initial state and "
@@ -81,13 +126,13 @@ def _summary(variant: Variant) -> str:
         f"{variant.groups} groups of {variant.threads_per_group} {lanes}{splits} "
         f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
         f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T tokens{tiles}"
-        f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} bytes, and "
+        f" moves it with {_loads_per_lane(variant)} loads of {variant.load_bytes} bytes, and "
         f"{reduction}"
         + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
         + (
             f" Its state moves with ld.global.{LOAD_CACHE_PTX[variant.state_load_cache]} loads and "
             f"st.global.{STORE_CACHE_PTX[variant.state_store_cache]} stores (cache operators)."
-            if variant.cache_hinted
+            if KernelShape.of(variant).cache_ops
             else ""
         )
         + (
@@ -128,7 +173,7 @@ def plan_target(
     of the spec's ``tuning.gpu`` (the default table), ``other_gpus`` those of its other GPU
     models (a table each)."""
     variants = sorted(spec.variants, key=lambda v: natural_key(spec.variant_name(v)))
-    views = [VariantView.of(spec, variant) for variant in variants]
+    views = [KernelPlan.of(variant, spec.sm) for variant in variants]
     target_info = {
         "name": spec.target,
         "sm": spec.sm,
@@ -141,7 +186,7 @@ def plan_target(
         "served": [list(pair) for pair in spec.served],
         "spec": spec_path,
     }
-    files = [kernel_file(spec, spec_path, view) for view in views]
+    files = [kernel_file(spec, spec_path, v, view) for v, view in zip(variants, views)]
     files.append(
         PlannedFile(
             relpath="kernels/__init__.py",
@@ -190,11 +235,11 @@ def kernel_body(spec: Spec, variant: Variant) -> tuple[Spec, str, str] | None:
     )
 
 
-def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
+def kernel_file(spec: Spec, spec_path: str, variant: Variant, view: KernelPlan) -> PlannedFile:
     """A variant's kernel module: its own body, or, where a spec this one extends has the same
     knob point, a module that names that target's body and compiles it for this SM."""
     context = {"name": view.name, "sm": spec.sm, "spec_path": spec_path, "variant": view}
-    body = kernel_body(spec, view.variant)
+    body = kernel_body(spec, variant)
     if body is None:
         return PlannedFile(f"kernels/{view.name}.py", "decode.py.j2", spec_path, context)
     body_spec, _, body_from = body
@@ -205,7 +250,7 @@ def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
         {
             **context,
             "body_target": body_spec.target,
-            "body_name": body_spec.variant_name(view.variant),
+            "body_name": body_spec.variant_name(variant),
         },
         body_from=body_from,
     )
