@@ -1,6 +1,6 @@
 """The K-split knob (k_splits) and the prefetch knob, without a GPU.
 
-The lane mapping below is the one decode.py.j2 prints for a variant (thread -> K split, group,
+The lane mapping below is the one body.py.j2 prints for a variant (thread -> K split, group,
 lane; rows from the group, K columns from the split and the lane), rebuilt from the same derived
 numbers; the tests check that it covers every (row, K column) of a CTA's tile exactly once, that
 each load instruction of a warp reads contiguous memory where the knob promises it, and that the

@@ -96,6 +96,48 @@ class KernelShape:
         return "slot_table" if self.holds_state_behind_slot_table else "conv"
 
     @property
+    def summary(self) -> str:
+        """The body docstring's sentence on what the shape does."""
+        state = "K-last [pool, HV, V, K]" if self.layout == "k_last" else "V-last [pool, HV, K, V]"
+        if self.solve == "stepwise":
+            over = ["the K splits in shared memory"] if self.k_split else []
+            if not self.one_lane_groups:
+                over.insert(0, "the group with a butterfly")
+            parts = [
+                "the tokens solved one by one, a lane's dot products reduced over "
+                + (" and over ".join(over) if over else "nothing (a group is one lane)")
+            ]
+            if self.preload_tokens:
+                parts.append("every token's q, k, v and gates loaded before the first")
+            if self.holds_state_behind_slot_table:
+                parts.append("a 16-bit state held in its own dtype behind a per-token slot table")
+            if self.gates_in_token_loop_behind_slot_table:
+                parts.append(
+                    "behind a per-token slot table, each token's gates computed in its turn"
+                )
+        else:
+            parts = [
+                "the tokens solved staged: q, k and the gates staged once per CTA in shared "
+                "memory, the dots against the initial state reduce-scattered, the deltas solved in "
+                "closed form"
+            ]
+            if self.row_passes:
+                parts.append(
+                    "a group's rows walked in passes"
+                    + (", in an unrolled loop" if self.unroll_passes else "")
+                    + (
+                        ", each pass's tile loaded while the one before computes"
+                        if self.prefetch
+                        else ""
+                    )
+                )
+        if self.packed_fma:
+            parts.append("packed fp32x2 FMAs")
+        if self.cache_ops:
+            parts.append("the state moved by copy atoms that carry cache operators")
+        return f"{state} state; " + "; ".join(parts) + "."
+
+    @property
     def name(self) -> str:
         """The body module's name: the layout, the solve, then a token per branch taken, in the
         order of the variant names' tokens (e.g. ``kl_stepwise_pre_gates_in_loop``)."""

@@ -510,15 +510,6 @@ class Spec(_Strict):
     def variant_name(self, variant: Variant) -> str:
         return variant.name_for(self.sm)
 
-    def kernel_donor(self, variant: Variant) -> tuple["Spec", str] | None:
-        """The farthest spec this one extends that has the same knob point, with its path: its
-        kernel module holds the body this target compiles for its own SM (docs/design.md,
-        "Targets that extend another"). None where no ancestor has it."""
-        for ancestor, path in reversed(self._ancestors):
-            if variant in ancestor.variants:
-                return ancestor, path
-        return None
-
     @property
     def variants_by_name(self) -> Mapping[str, Variant]:
         made = self._variants_by_name
