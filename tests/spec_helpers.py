@@ -68,8 +68,9 @@ def to_yaml(data: object) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def kernel_text(variant: dict) -> str:
-    """The emitted module of one variant (knobs as in a spec), from a one-variant sm_90a spec."""
+def _one_variant_files(variant: dict) -> tuple[str, dict]:
+    """The name of one variant (knobs as in a spec) and the planned files of a one-variant sm_90a
+    spec, by path."""
     name = Variant(**variant).name_for("sm_90a")
     spec = parse_spec(
         to_yaml(
@@ -86,15 +87,26 @@ def kernel_text(variant: dict) -> str:
         ),
         "specs/mini.yaml",
     )
-    (planned,) = [
-        p for p in plan_target(spec, "specs/mini.yaml") if p.relpath.endswith(f"{name}.py")
-    ]
-    return render(planned)
+    return name, {p.relpath: p for p in plan_target(spec, "specs/mini.yaml")}
+
+
+def kernel_text(variant: dict) -> str:
+    """The device code of one variant (knobs as in a spec): the emitted body module of its shape,
+    from a one-variant sm_90a spec."""
+    name, files = _one_variant_files(variant)
+    body = files[f"kernels/{name}.py"].body_from.removeprefix("mini/")
+    return render(files[body])
+
+
+def variant_text(variant: dict) -> str:
+    """The emitted module of one variant (knobs as in a spec): its knobs and host side."""
+    name, files = _one_variant_files(variant)
+    return render(files[f"kernels/{name}.py"])
 
 
 def changed_code_lines(before: str, after: str) -> list[str]:
     """Changed lines below the module docstring (the header hash and the docstring, which names
-    the variant and describes its knobs, change with any knob)."""
+    the variant or body and describes it, change with any knob)."""
 
     def code(text: str) -> list[str]:
         return text.split('"""', 2)[2].splitlines()

@@ -1,6 +1,6 @@
 """The K-split knob (k_splits) and the prefetch knob, without a GPU.
 
-The lane mapping below is the one decode.py.j2 prints for a variant (thread -> K split, group,
+The lane mapping below is the one body.py.j2 prints for a variant (thread -> K split, group,
 lane; rows from the group, K columns from the split and the lane), rebuilt from the same derived
 numbers; the tests check that it covers every (row, K column) of a CTA's tile exactly once, that
 each load instruction of a warp reads contiguous memory where the knob promises it, and that the
@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gdngen.device.lanes import lane_stride
+from gdngen.emit import KernelPlan
 from gdngen.spec import load_spec
 from gdngen.spec.model import Variant
 
@@ -28,7 +30,7 @@ def _thread_tile(variant: Variant, tidx: int) -> tuple[int, int, int, int]:
     elif variant.layout == "k_last":
         group, lane = split_tidx // tpg, split_tidx % tpg
     else:
-        stride = variant.lane_stride
+        stride = lane_stride(variant.layout, tpg)
         lane = (split_tidx // stride) % tpg
         group = split_tidx // 32 * stride + split_tidx % stride
     return k_split, group, lane, k_split * tpg + lane
@@ -73,6 +75,12 @@ def test_a_warp_load_reads_one_contiguous_run_of_a_k_row(variant):
         )
 
 
+def _split_sums(variant: Variant) -> int:
+    """Values a group publishes per K split and token (the kernel's SPLIT_SUMS): q.q, k.k, q.k,
+    then h.k and h.q per row."""
+    return 3 + 2 * variant.ilp
+
+
 @pytest.mark.parametrize("variant", SPEC_SPLIT_VARIANTS, ids=lambda v: v.name_for("sm_90a"))
 def test_split_sums_add_up_to_the_row_dots(variant):
     """Each split publishes its groups' partial sums at [split, value, group]; a lane adds its
@@ -82,7 +90,7 @@ def test_split_sums_add_up_to_the_row_dots(variant):
     for tidx in range(variant.threads):
         k_split, group, lane, _ = _thread_tile(variant, tidx)
         partial = {value: float(2 ** (k_split * variant.threads_per_group + lane)) * (value + 1)
-                   for value in range(variant.split_sums)}  # fmt: skip
+                   for value in range(_split_sums(variant))}  # fmt: skip
         for value, x in partial.items():
             expected[(group, value)] = expected.get((group, value), 0.0) + x
         if lane == 0:
@@ -92,7 +100,7 @@ def test_split_sums_add_up_to_the_row_dots(variant):
                     float(2 ** (k_split * variant.threads_per_group + other)) * (value + 1)
                     for other in range(variant.threads_per_group)
                 )
-                for value in range(variant.split_sums)
+                for value in range(_split_sums(variant))
             }
             for value, x in group_total.items():
                 key = (k_split, value, group)
@@ -100,7 +108,7 @@ def test_split_sums_add_up_to_the_row_dots(variant):
                 sums[key] = x
     for tidx in range(variant.threads):
         _, group, _, _ = _thread_tile(variant, tidx)
-        for value in range(variant.split_sums):
+        for value in range(_split_sums(variant)):
             total = sum(sums[(split, value, group)] for split in range(variant.k_splits))
             assert total == expected[(group, value)]
 
@@ -111,7 +119,7 @@ V_LAST_FP32 = dict(layout="v_last", state_dtype="fp32", tile_v=128, ilp=4)
 def test_k_splits_shape_the_variant():
     v = Variant(**V_LAST_FP32, vec=16, threads_per_group=1, k_splits=8)
     assert (v.head_k_dim, v.groups, v.split_threads, v.threads) == (128, 32, 32, 256)
-    assert v.butterfly_offsets == () and v.split_sums == 3 + 2 * 4
+    assert KernelPlan.of(v, "sm_90a").butterfly_offsets == ()
     assert v.name_for("sm_90a") == "vl_fp32_tv128_ilp4_vec16_tpg1_ks8_sm90"
 
 

@@ -40,13 +40,12 @@ def test_launch_takes_the_declared_arguments_and_passes_them_on_in_order():
 
 
 def test_every_emitted_kernel_takes_the_declared_arguments():
-    kernels = [
-        path
-        for path in sorted(GENERATED.glob("*/kernels/*.py"))
-        if "def decode_kernel(" in path.read_text()
-    ]
-    assert len(kernels) > 100
-    for path in kernels:
+    """Every kernel body (one per code shape) defines decode_kernel with the declared
+    parameters; the variants' modules only call a body."""
+    bodies = sorted(GENERATED.glob("*/bodies/*.py"))
+    bodies = [path for path in bodies if path.name != "__init__.py"]
+    assert bodies, "no kernel body emitted"
+    for path in bodies:
         assert _parameters(_function(path, "decode_kernel")) == DECLARED, path
 
 

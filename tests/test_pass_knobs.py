@@ -3,8 +3,10 @@ that each changes only the lines of the emitted kernel it is about."""
 
 import pytest
 
+from gdngen.emit import KernelPlan
+from gdngen.emit.shape import KernelShape
 from gdngen.spec.model import Variant
-from tests.spec_helpers import changed_code_lines, kernel_text
+from tests.spec_helpers import changed_code_lines, kernel_text, variant_text
 
 STAGED = dict(
     layout="k_last", state_dtype="bf16", tile_v=128, ilp=4, row_passes=4, vec=8,
@@ -14,8 +16,13 @@ NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_staged_sm90"
 
 
 def _kernel_text(**knobs) -> str:
-    """The emitted module of the STAGED variant with ``knobs`` changed, in a one-variant spec."""
+    """The device code (body) of the STAGED variant with ``knobs`` changed, in a one-variant spec."""
     return kernel_text({**STAGED, **knobs})
+
+
+def _variant_text(**knobs) -> str:
+    """The module of the STAGED variant with ``knobs`` changed (its knobs and host side)."""
+    return variant_text({**STAGED, **knobs})
 
 
 def test_names():
@@ -56,18 +63,17 @@ def test_unroll_passes_changes_only_the_pass_loop():
     changed = changed_code_lines(rolled, unrolled)
     assert sorted(changed) == sorted(
         [
-            f'-NAME = "{NAME}"',
-            '+NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_unroll_staged_sm90"',
-            "-    # A loop, not unrolled: a pass holds the registers of ILP rows only.",
-            "-    for row_pass in cutlass.range(ROW_PASSES, unroll=1):",
-            "+    # Unrolled: the compiler may issue a pass's loads during the pass before.",
-            "+    for row_pass in cutlass.range_constexpr(ROW_PASSES):",
+            "-        # A loop, not unrolled: a pass holds the registers of ILP rows only.",
+            "-        for row_pass in cutlass.range(ROW_PASSES, unroll=1):",
+            "+        # Unrolled: the compiler may issue a pass's loads during the pass before.",
+            "+        for row_pass in cutlass.range_constexpr(ROW_PASSES):",
         ]
     ), changed
 
 
 def test_min_ctas_per_sm_changes_only_the_launch():
-    plain, bounded = _kernel_text(), _kernel_text(min_ctas_per_sm=5)
+    assert _kernel_text() == _kernel_text(min_ctas_per_sm=5)  # one body
+    plain, bounded = _variant_text(), _variant_text(min_ctas_per_sm=5)
     assert "MIN_CTAS_PER_SM" not in plain
     assert "at most 102 registers a thread" in bounded
     changed = changed_code_lines(plain, bounded)
@@ -78,9 +84,10 @@ def test_min_ctas_per_sm_changes_only_the_launch():
             f'-NAME = "{NAME}"',
             '+NAME = "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_occ5_staged_sm90"',
             "+MIN_CTAS_PER_SM = 5",
-            "-# (value head, batch row).",
-            "+# (value head, batch row), with launch bounds of MIN_CTAS_PER_SM CTAs an SM.",
-            "+    min_ctas_per_sm=MIN_CTAS_PER_SM,",
+            "-# The host side: one CTA per TILE_V rows of each (value head, batch row).",
+            "+# The host side: one CTA per TILE_V rows of each (value head, batch row), launch bounds.",
+            "-launch = decode_launcher(code, name=NAME)",
+            "+launch = decode_launcher(code, name=NAME, min_ctas_per_sm=MIN_CTAS_PER_SM)",
         ]
     ), changed
 
@@ -90,26 +97,34 @@ def test_cache_knob_names():
     assert streaming.name_for("sm_90a") == (
         "kl_bf16_tv128_ilp4_vec8_tpg16_passes4_ldcs_stcs_staged_sm90"
     )
-    assert streaming.cache_hinted and not Variant(**STAGED).cache_hinted
+    assert KernelShape.of(streaming).cache_ops and not KernelShape.of(Variant(**STAGED)).cache_ops
     only_store = Variant(**STAGED, state_store_cache="global")
     assert only_store.name_for("sm_90a").endswith("_passes4_stcg_staged_sm90")
-    assert (only_store.load_cache_mode, only_store.store_cache_mode) == ("ALWAYS", "GLOBAL")
+    plan = KernelPlan.of(only_store, "sm_90a")
+    assert (plan.load_cache_mode, plan.store_cache_mode) == ("ALWAYS", "GLOBAL")
     with pytest.raises(ValueError, match="state_load_cache"):
         Variant(**STAGED, state_load_cache="evict_first")
 
 
 @pytest.mark.parametrize("knobs", [dict(), dict(prefetch=True)], ids=["passes", "prefetch"])
 def test_cache_knobs_change_only_the_state_accesses(knobs):
-    plain = _kernel_text(**knobs)
-    hinted = _kernel_text(**knobs, state_load_cache="streaming", state_store_cache="streaming")
-    assert "LoadCacheMode.STREAMING" in hinted and "StoreCacheMode.STREAMING" in hinted
+    streaming = dict(state_load_cache="streaming", state_store_cache="streaming")
+    variant = _variant_text(**knobs, **streaming)
+    assert (
+        'LOAD_CACHE_MODE = "STREAMING"' in variant and 'STORE_CACHE_MODE = "STREAMING"' in variant
+    )
+    plain, hinted = _kernel_text(**knobs), _kernel_text(**knobs, **streaming)
+    assert (
+        "LoadCacheMode[LOAD_CACHE_MODE]" in hinted and "StoreCacheMode[STORE_CACHE_MODE]" in hinted
+    )
     assert "cute.nvgpu" not in plain and "_through" not in plain
     changed = changed_code_lines(plain, hinted)
-    # Removed: the name and the plain tile accesses, which become copies through the atoms;
-    # added: their replacements, the atoms, the vector width and the helpers' import.
+    # Removed: the numbers the body takes (it takes the vector width and the operators too, and
+    # says so) and the plain tile accesses, which become copies through the atoms; added: their
+    # replacements, the atoms, the numbers and the helpers' import.
     removed = [line for line in changed if line.startswith("-")]
-    assert removed[0].startswith("-NAME = ")
-    plain_accesses = removed[1:]
+    assert removed[0].startswith("-    TILE_V: int, ") and removed[1].startswith('-    """')
+    plain_accesses = removed[2:]
     assert plain_accesses and all(
         line.endswith(("_src.load().to(Float32))", "_src.load())", ".element_type))"))
         for line in plain_accesses

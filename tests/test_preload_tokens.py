@@ -5,8 +5,9 @@ from collections import Counter
 
 import pytest
 
+from gdngen.emit.shape import gates_in_token_loop_behind_slot_table, holds_state_behind_slot_table
 from gdngen.spec.model import Variant
-from tests.spec_helpers import changed_code_lines, kernel_text
+from tests.spec_helpers import changed_code_lines, kernel_text, variant_text
 
 #: one stepwise variant per shape of the token loop: K-last, V-last, V-last with K splits
 STEPWISE = {
@@ -33,8 +34,9 @@ def test_name_and_summary():
     preloaded = Variant(**STEPWISE["k_last"], preload_tokens=True)
     assert preloaded.name_for("sm_90a") == "kl_fp32_tv8_ilp2_vec4_tpg32_pre_sm90"
     assert plain.name_for("sm_90a") == "kl_fp32_tv8_ilp2_vec4_tpg32_sm90"
-    text = kernel_text({**STEPWISE["k_last"], "preload_tokens": True})
-    assert "every token's q, k, v and gates loaded before the first" in text.split('"""')[1]
+    for text in (variant_text, kernel_text):  # the variant's docstring, and its body's
+        module = text({**STEPWISE["k_last"], "preload_tokens": True})
+        assert "every token's q, k, v and gates loaded before the first" in module.split('"""')[1]
 
 
 def test_staged_solve_refuses_it():
@@ -68,11 +70,11 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     assert "beta = beta_tokens[t]" in solving_loop
 
     # Line for line (as multisets, so wherever a diff aligns the moved block): the preloaded
-    # kernel drops only the old name, the conv prologue's own gate block (the preload loop
-    # loads those gates) and the conv branch in the loop with the gates computed there (twice
-    # in the plain kernel: on the prologue's gate inputs and on loads of their own); it adds
-    # the new name, the lists, their appends, the loads' loop, the conv test in both loops,
-    # the gates' loop, the per-token picks and the comment saying why.
+    # body drops only the conv prologue's own gate block (the preload loop loads those gates)
+    # and the conv branch in the loop with the gates computed there (twice in the plain body:
+    # on the prologue's gate inputs and on loads of their own, which token_gates makes); it
+    # adds the lists, their appends, the loads' loop, the conv test in both loops, the gates'
+    # loop, the per-token picks and the comment saying why.
     def code_lines(text: str) -> Counter:
         body = text.split('"""', 2)[2]
         return Counter(line.strip() for line in body.splitlines() if line.strip())
@@ -80,9 +82,9 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     dropped = code_lines(plain) - code_lines(preloaded)
     new = code_lines(preloaded) - code_lines(plain)
     # At ILP 2 a preloading kernel also holds a 16-bit state behind a per-token slot table
-    # (Variant.holds_state_behind_slot_table; test_held_state_* below): its raw_state line and
+    # (holds_state_behind_slot_table; test_held_state_* below): its raw_state line and
     # the hold after the gates' loop, with their comments.
-    holds = Variant(**STEPWISE[shape], preload_tokens=True).holds_state_behind_slot_table
+    holds = holds_state_behind_slot_table(Variant(**STEPWISE[shape], preload_tokens=True))
     held_dropped = ["raw_state = conv_state is not None and state.element_type.width < 32"]
     held_new = [
         "raw_state = (conv_state is not None or per_token_slots) and state.element_type.width < 32",
@@ -92,25 +94,17 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     dropped_comments = Counter({line: n for line, n in dropped.items() if line.startswith("#")})
     assert dropped - dropped_comments == Counter(
         [
-            f'NAME = "{Variant(**STEPWISE[shape]).name_for("sm_90a")}"',
             "if cutlass.const_expr(conv_state is not None):",
             "if cutlass.const_expr(conv_state is not None):",
-            "x = Float32(a[seq, token_at[t], hv]) + bias",
-            "softplus_x = x",
-            "if x <= SOFTPLUS_THRESHOLD:",
-            "softplus_x = cute.math.log1p(cute.math.exp(x))",
-            "g = cute.math.exp(A * softplus_x)",
-            "if cutlass.const_expr(cu_seqlens is not None):",
-            "g = Float32(cutlass.select_(token_live[t], g, Float32(1.0)))",
-            "beta = Float32(cutlass.select_(token_live[t], beta, Float32(0.0)))",
-            "beta = 1.0 / (1.0 + cute.math.exp(-Float32(b[seq, token_at[t], hv])))",
+            "g, beta = token_gates(",
+            "a, b, A, bias, token_live[t], cu_seqlens is not None, at=(seq, token_at[t], hv)",
+            ")",
             *(held_dropped if holds else []),
         ]
     ), dropped
-    assert sum(dropped_comments.values()) == (4 if holds else 1), dropped_comments
+    assert sum(dropped_comments.values()) == (5 if holds else 1), dropped_comments
     expected = Counter(
         [
-            f'NAME = "{Variant(**STEPWISE[shape], preload_tokens=True).name_for("sm_90a")}"',
             "for t in cutlass.range_constexpr(T):",
             "if cutlass.const_expr(conv_state is None):",
             "if cutlass.const_expr(conv_state is None):",
@@ -133,7 +127,7 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
     # conv prologue's shared-memory branch, shown as removed and added where difflib cannot
     # align them across the epilogue's T = 1 z load, which stays in the loop), the gates'
     # loop and the lists (and, held, the state's 13 lines)
-    assert len(changed_code_lines(plain, preloaded)) < (123 if holds else 110)
+    assert len(changed_code_lines(plain, preloaded)) < (105 if holds else 90)
 
 
 def test_every_load_comes_before_any_gate_arithmetic():
@@ -141,7 +135,7 @@ def test_every_load_comes_before_any_gate_arithmetic():
     branches would otherwise split the loads into a block a token (docs/design.md)."""
     preloaded = kernel_text({**STEPWISE["k_last"], "preload_tokens": True})
     solving = preloaded.index(SOLVING_LOOP)
-    first_gate = preloaded.index("softplus_x = x")
+    first_gate = preloaded.index("= token_gates(")
     assert first_gate < solving
     head = preloaded[:first_gate]
     assert all(head.count(load) == 1 for load in INPUT_LOADS)
@@ -157,12 +151,12 @@ def test_held_state_behind_a_slot_table_at_ilp_2_only(shape):
         variant = Variant(**knobs)
         text = kernel_text(knobs)
         holds = variant.preload_tokens and variant.ilp <= 2
-        assert variant.holds_state_behind_slot_table == holds
+        assert holds_state_behind_slot_table(variant) == holds
         assert (held in text) == holds
         assert text.count("hold_until_here(h_raw)") == (2 if holds else 1)  # and the conv one's
     staged = Variant(layout="k_last", state_dtype="bf16", tile_v=128, ilp=2, vec=8,
                      threads_per_group=16, solve="staged")  # fmt: skip
-    assert not staged.holds_state_behind_slot_table
+    assert not holds_state_behind_slot_table(staged)
 
 
 #: a preloading K-last kernel that converts its state at the load (ILP 4)
@@ -176,23 +170,22 @@ def test_gates_in_the_token_loop_behind_a_slot_table_where_the_state_is_not_held
     computes them before the loop as before."""
     switch = "gates_in_loop = per_token_slots and conv_state is None"
     variant = Variant(**ILP4, preload_tokens=True)
-    assert variant.gates_in_token_loop_behind_slot_table
-    assert not variant.holds_state_behind_slot_table
+    assert gates_in_token_loop_behind_slot_table(variant)
+    assert not holds_state_behind_slot_table(variant)
     text = kernel_text({**ILP4, "preload_tokens": True})
     assert text.count(switch) == 1
     solving_loop = text[text.index(SOLVING_LOOP) :]
     # In the loop: the gates of the preloaded inputs where the switch holds, else the lists'.
     assert "if cutlass.const_expr(gates_in_loop):" in solving_loop
-    assert "x = a_tokens[t] + bias" in solving_loop
-    assert "beta = 1.0 / (1.0 + cute.math.exp(-b_tokens[t]))" in solving_loop
+    assert "token_gates(\n                    a_tokens[t], b_tokens[t], A, bias" in solving_loop
     assert "g = g_tokens[t]" in solving_loop
     assert not any(load in solving_loop for load in INPUT_LOADS)
     # Before it: the gates' loop computes them only where the switch does not hold.
     head = text[: text.index(SOLVING_LOOP)]
     assert head.count("if cutlass.const_expr(not gates_in_loop):") == 1
-    assert head.count("x = a_tokens[t] + bias") == 1
+    assert head.count("a_tokens[t], b_tokens[t], A, bias") == 1
 
     others = [STEPWISE["k_last"], *(dict(k, preload_tokens=True) for k in STEPWISE.values()), ILP4]
     for knobs in others:
-        assert not Variant(**knobs).gates_in_token_loop_behind_slot_table, knobs
+        assert not gates_in_token_loop_behind_slot_table(Variant(**knobs)), knobs
         assert "gates_in_loop" not in kernel_text(knobs), knobs

@@ -12,6 +12,7 @@ import pytest
 import generated.b200 as b200
 import generated.h200 as h200
 from gdngen.emit import EmitError, check, emit, plan_target
+from gdngen.emit.shape import KernelShape
 from gdngen.runtime.kernel_dir import file_content_sha256
 from gdngen.runtime.siblings import targets_built_for, wrong_gpu_message
 from gdngen.spec import SpecError, load_spec, parse_spec, spec_sha256
@@ -119,46 +120,49 @@ def test_a_cycle_through_two_specs(tmp_path):
 def test_an_extending_target_compiles_the_kernel_bodies_of_the_spec_it_extends(target, parent, sm):
     spec = load_spec(SPECS / f"{target}.yaml")
     root = spec.ancestors[-1][0]  # dgx_spark -> rtx_blackwell -> h200: the bodies are h200's
+    assert not (ROOT / "generated" / target / "bodies").exists()  # the root has every shape
     for variant in spec.variants:
-        name, body_name = spec.variant_name(variant), root.variant_name(variant)
+        name, body = spec.variant_name(variant), KernelShape.of(variant).name
         text = (ROOT / "generated" / target / "kernels" / f"{name}.py").read_text()
-        assert f"{KERNEL_BODY_LINE}{root.target}/kernels/{body_name}.py\n" in text, name
-        assert "@cute.kernel" not in text, name
-    name = spec.variant_name(spec.variants[-1])
-    module = importlib.import_module(f"generated.{target}.kernels.{name}")
-    body = importlib.import_module(
-        f"generated.{root.target}.kernels.{root.variant_name(spec.variants[-1])}"
+        assert f"{KERNEL_BODY_LINE}{root.target}/bodies/{body}.py\n" in text, name
+        assert f"from ...{root.target}.bodies.{body} import device_code\n" in text, name
+    variant = spec.variants[-1]
+    module = importlib.import_module(f"generated.{target}.kernels.{spec.variant_name(variant)}")
+    root_module = importlib.import_module(
+        f"generated.{root.target}.kernels.{root.variant_name(variant)}"
     )
     # One device code, its own name and host side (the kernel's symbol names this target's SM).
-    assert module.decode_kernel is body.decode_kernel
-    assert module.NAME == name and module.launch is not body.launch
+    assert module.device_code is root_module.device_code
+    assert module.NAME != root_module.NAME and module.launch is not root_module.launch
     assert (module.LAYOUT, module.THREADS, module.HEAD_K_DIM) == (
-        body.LAYOUT,
-        body.THREADS,
-        body.HEAD_K_DIM,
+        root_module.LAYOUT,
+        root_module.THREADS,
+        root_module.HEAD_K_DIM,
     )
 
 
-def test_a_knob_point_the_parent_lacks_gets_its_own_kernel_body(tmp_path):
+def test_a_shape_the_parent_lacks_gets_its_own_kernel_body(tmp_path):
     _base(tmp_path)
     variants = load_spec(tmp_path / "base.yaml").model_dump(mode="json")["variants"]
-    extra = {
-        "layout": "k_last",
-        "state_dtype": "bf16",
-        "tile_v": 32,
-        "ilp": 2,
-        "vec": 8,
-        "threads_per_group": 16,
-    }
+    # a knob point b200 lacks, of a shape it has; and one of a shape it lacks (the staged solve)
+    knobs = dict(layout="k_last", state_dtype="bf16", vec=8, threads_per_group=16)
+    new_point = dict(knobs, tile_v=32, ilp=2)
+    new_shape = dict(knobs, tile_v=64, ilp=8, solve="staged")
     child = _write(tmp_path, "child.yaml", {"extends": "base.yaml", "target": "child",
-                                            "sm": "sm_103a", "variants": variants + [extra]})  # fmt: skip
+                                            "sm": "sm_103a",
+                                            "variants": variants + [new_point, new_shape]})  # fmt: skip
     spec = load_spec(child)
-    templates = {p.relpath: p.template for p in plan_target(spec, "child.yaml")}
-    own = f"kernels/{spec.variant_name(spec.variants[-1])}.py"
-    assert templates.pop(own) == "decode.py.j2"
-    kernels = [t for relpath, t in templates.items() if relpath.startswith("kernels/kl_")
-               or relpath.startswith("kernels/vl_")]  # fmt: skip
-    assert kernels and set(kernels) == {"kernel_reuse.py.j2"}
+    planned = {p.relpath: p for p in plan_target(spec, "child.yaml")}
+    point, shape = (f"kernels/{spec.variant_name(v)}.py" for v in spec.variants[-2:])
+    assert planned[point].body_from == "b200/bodies/kl_stepwise.py"
+    assert planned[shape].body_from == "child/bodies/kl_staged.py"
+    assert sorted(p for p in planned if p.startswith("bodies/")) == [
+        "bodies/__init__.py",
+        "bodies/kl_staged.py",
+    ]
+    assert {p.template for p in planned.values() if p.relpath.startswith("kernels/k")} == {
+        "kernel.py.j2"
+    }
 
 
 def test_a_child_is_not_emitted_before_the_bodies_it_reuses(tmp_path):
@@ -168,7 +172,7 @@ def test_a_child_is_not_emitted_before_the_bodies_it_reuses(tmp_path):
     out = tmp_path / "generated"
     spec = load_spec(child)
     expected = (rf"child reuses the kernel bodies of {tmp_path}/base\.yaml, but \d+ of them are "
-                rf"not emitted \(first: generated/b200/kernels/\w+\.py\); run: gdngen emit "
+                rf"not emitted \(first: generated/b200/bodies/\w+\.py\); run: gdngen emit "
                 rf"{tmp_path}/base\.yaml")  # fmt: skip
     with pytest.raises(EmitError, match=expected):
         emit(spec, "child.yaml", out)
@@ -179,7 +183,7 @@ def test_a_child_is_not_emitted_before_the_bodies_it_reuses(tmp_path):
 def test_an_edited_body_changes_the_build_fingerprint_of_every_target_compiling_it(tmp_path):
     spec = load_spec(SPECS / "dgx_spark.yaml")
     variant = spec.variants[0]
-    body = f"h200/kernels/{load_spec(SPECS / 'h200.yaml').variant_name(variant)}.py"
+    body = f"h200/bodies/{KernelShape.of(variant).name}.py"
     reuse = f"dgx_spark/kernels/{spec.variant_name(variant)}.py"
     for relpath in (body, reuse):
         (tmp_path / relpath).parent.mkdir(parents=True, exist_ok=True)

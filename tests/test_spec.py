@@ -5,6 +5,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gdngen.dispatch import coverage_gap
 from gdngen.dispatch.rules import SpecRange
+from gdngen.emit import KernelPlan
 from gdngen.spec import Range, SpecError, Variant, load_spec, parse_spec, spec_sha256
 from tests.spec_helpers import SNAPSHOT, SPEC_PATH, h200_dict, snapshot_dict, to_yaml
 
@@ -525,6 +526,8 @@ def test_range_shorthand_in_yaml():
 
 # -- Variant derived numbers ---------------------------------------------------------------------
 
+#: the numbers of test_variant_derived that the emit plan derives (gdngen/emit/plan.py)
+PLAN_NUMBERS = {"lane_stride", "butterfly_offsets", "loads_per_lane"}
 K_LAST = dict(layout="k_last", state_dtype="bf16", tile_v=32, ilp=4, vec=8, threads_per_group=16)
 V_LAST = dict(layout="v_last", state_dtype="fp32", tile_v=16, ilp=4, vec=8, threads_per_group=16)
 # 8 fp32 columns of a row a lane: two 16-byte loads (MAX_ROW_LOADS)
@@ -589,10 +592,13 @@ K_LAST_TWO_LOADS = dict(
 def test_variant_derived(knobs, expected):
     expected = dict(expected)
     variant = Variant(**knobs)
+    plan = KernelPlan.of(variant, "sm_90a")
     assert variant.name_for("sm_90a") == expected.pop("sm90")
     assert variant.name_for("sm_100a") == expected.pop("sm100")
     for prop, value in expected.items():
-        assert getattr(variant, prop) == value, prop
+        # the numbers of the code itself are the emit plan's; those the constraints need, the spec's
+        holder = plan if prop in PLAN_NUMBERS else variant
+        assert getattr(holder, prop) == value, prop
 
 
 def test_variant_name_marks_packed_fma():
@@ -609,11 +615,11 @@ def test_variant_name_marks_packed_fma():
     ids=["k_last_tpg32", "v_last_tpg8"],
 )
 def test_butterfly_stays_within_the_group(knobs, offsets):
-    variant = Variant(tile_v=32, ilp=4, **knobs)
-    assert variant.butterfly_offsets == offsets
+    plan = KernelPlan.of(Variant(tile_v=32, ilp=4, **knobs), "sm_90a")
+    assert plan.butterfly_offsets == offsets
     # XOR by the offsets reaches exactly the lanes of lane 0's group, all of them
     group = {0}
-    for offset in variant.butterfly_offsets:
+    for offset in plan.butterfly_offsets:
         group |= {lane ^ offset for lane in group}
-    assert group == set(range(0, 32, variant.lane_stride))
-    assert len(group) == variant.threads_per_group
+    assert group == set(range(0, 32, plan.lane_stride))
+    assert len(group) == plan.threads_per_group

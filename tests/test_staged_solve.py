@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from gdngen.device.lanes import reduce_scatter
+from gdngen.device.lanes import lane_stride, reduce_scatter
 from gdngen.device.staging import output_products, solve_products
 from gdngen.spec.model import Variant
 
@@ -33,7 +33,11 @@ KNOB_POINTS = [
 
 
 def _scatter(variant: Variant):
-    return reduce_scatter(variant.ilp, variant.threads_per_group, variant.lane_stride)
+    return reduce_scatter(variant.ilp, variant.threads_per_group, _stride(variant))
+
+
+def _stride(variant: Variant) -> int:
+    return lane_stride(variant.layout, variant.threads_per_group)
 
 
 def _simulate(variant: Variant) -> list[list[float]]:
@@ -45,7 +49,7 @@ def _simulate(variant: Variant) -> list[list[float]]:
     partial = [[float((lane + 1) * 1000 + x) for x in range(2 * ilp)] for lane in range(tpg)]
     sums = [row[:] for row in partial]
     for offset, mask, half in scatter.levels:
-        assert offset == variant.lane_stride * mask
+        assert offset == _stride(variant) * mask
         sent = []
         for lane in range(tpg):
             upper = bool(lane & mask)
@@ -58,7 +62,7 @@ def _simulate(variant: Variant) -> list[list[float]]:
             new.append([keep[s] + sent[partner][s] for s in range(half)])
         sums = new
     for offset in scatter.rest_offsets:
-        mask = offset // variant.lane_stride
+        mask = offset // _stride(variant)
         sums = [
             [sums[lane][s] + sums[lane ^ mask][s] for s in range(scatter.rows_held)]
             for lane in range(tpg)

@@ -1,14 +1,17 @@
 """The host-side ``launch`` every decode kernel module shares.
 
-A kernel module defines ``decode_kernel`` (the device code) and builds its ``launch`` here: a
-``cute.jit`` function taking the same arguments plus the stream, which checks at trace time that
-the call's head dims are the ones the variant serves and launches one CTA per ``tile_v`` rows of
-each (value head, batch row); with the gated RMSNorm epilogue (``z`` given), the V // tile_v CTAs
-of a head form one thread-block cluster (gdngen.device.norm). The runtime compiles ``launch``
-(gdngen.runtime.compile).
+A kernel body (``generated/<target>/bodies/``) makes its ``decode_kernel`` (the device code) for
+one variant's numbers, as a :class:`DeviceCode`; the variant's module builds its ``launch`` from
+it here: a ``cute.jit`` function taking the kernel's arguments plus the stream, which checks at
+trace time that the call's head dims are the ones the variant serves and launches one CTA per
+``tile_v`` rows of each (value head, batch row); with the gated RMSNorm epilogue (``z`` given),
+the V // tile_v CTAs of a head form one thread-block cluster (gdngen.device.norm). The runtime
+compiles ``launch`` (gdngen.runtime.compile).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -17,24 +20,29 @@ from cutlass import Constexpr, Float32
 from gdngen.terms import CONV_ACTIVATIONS, NORM_ACTIVATIONS, PORTABLE_CLUSTER
 
 
-def decode_launcher(
-    decode_kernel,
-    *,
-    name: str,
-    tile_v: int,
-    threads: int,
-    head_k_dim: int,
-    gated_norm: bool,
-    min_ctas_per_sm: int = 0,
-):
-    """``launch(<the kernel's arguments>, stream)`` for ``decode_kernel``: the arguments are
-    gdngen.runtime.kernel_args's KERNEL_ARGS, in that order (CuTe DSL reads the parameters from
-    this source, so they are spelled here; tests/test_kernel_args.py holds them to it).
-    ``gated_norm``: whether the kernel has the stepwise solve, and so the gated RMSNorm epilogue
-    (``z`` and ``norm_weight`` None without it) and the conv1d prologue (``conv_*`` None without
-    it; ``conv_windows`` None without the verify cache as well); with ``min_ctas_per_sm``, launch
-    bounds that fit that many CTAs on an SM. A packed call (``cu_seqlens``) has one kernel row
-    per sequence, a dense one per batch row."""
+@dataclass(frozen=True)
+class DeviceCode:
+    """A kernel body's device code for one variant's numbers, and what the host side needs of
+    it: the rows a CTA owns, its threads, the K it serves, and whether it has the stepwise solve
+    (and so the gated RMSNorm epilogue and the conv1d prologue)."""
+
+    decode_kernel: object
+    tile_v: int
+    threads: int
+    head_k_dim: int
+    gated_norm: bool
+
+
+def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
+    """``launch(<the kernel's arguments>, stream)`` for ``code``, named ``name``: the arguments
+    are gdngen.runtime.kernel_args's KERNEL_ARGS, in that order (CuTe DSL reads the parameters
+    from this source, so they are spelled here; tests/test_kernel_args.py holds them to it).
+    Without ``code.gated_norm`` (the stepwise solve), ``z`` and ``norm_weight`` must be None, and
+    so must ``conv_*`` (``conv_windows`` is None without the verify cache as well); with
+    ``min_ctas_per_sm``, launch bounds that fit that many CTAs on an SM. A packed call
+    (``cu_seqlens``) has one kernel row per sequence, a dense one per batch row."""
+    decode_kernel, tile_v, threads = code.decode_kernel, code.tile_v, code.threads
+    head_k_dim, gated_norm = code.head_k_dim, code.gated_norm
 
     @cute.jit
     def launch(

@@ -4,10 +4,11 @@ The norm of a token's output needs the sum of squares over all V rows of its val
 CTA holds TILE_V of them. The head's V // TILE_V CTAs form one thread-block cluster (the grid's
 x dimension is exactly that, so a cluster is one (value head, row)).
 
-Each token's outputs wait in shared memory, folded with weight and gate as they come at T = 1
-(at T > 1 the fold comes at the end, with z staged by ``stage_rows``), and the kernel adds its
-rows' squares per token. So only the inverse RMS, one scalar per token, waits for the head.
-After the token loop:
+``start_gated_norm`` sets the epilogue up before the token loop (:class:`HeadNorm`). Each
+token's outputs wait in shared memory, folded with weight and gate as they come at T = 1 (at
+T > 1 the fold comes at the end, with z staged by ``stage_rows``), and the kernel adds its rows'
+squares per token. So only the inverse RMS, one scalar per token, waits for the head. After the
+token loop:
 
 1. ``publish_head_squares``: each warp's sums (a butterfly) go from its lane 0 into slot
    (token, rank, warp) of every CTA of the cluster (stores into distributed shared memory),
@@ -25,6 +26,9 @@ With TILE_V == V the cluster is one CTA and a CTA barrier takes the cluster barr
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import cutlass
 import cutlass.cute as cute
@@ -77,6 +81,91 @@ def announce_start(cluster: cutlass.Constexpr[int]):
     shared memory once the phase completes. Every thread calls it, before any other arrive."""
     if cutlass.const_expr(cluster > 1):
         cute.arch.cluster_arrive_relaxed()
+
+
+@dataclass(frozen=True)
+class HeadNorm:
+    """What a CTA keeps of the epilogue between the token loop's parts (``start_gated_norm``)."""
+
+    #: this CTA's slots of the head's per-warp sums (``head_square_slots``)
+    slots: cute.Tensor
+    #: this thread's sum of squares per token
+    squares: cute.Tensor
+    #: the norm weight of this lane's rows
+    weight_rows: cute.Tensor
+    #: each token's outputs of the CTA's rows, in shared memory until the inverse RMS is known
+    gated: cute.Tensor
+    #: at T > 1, every token's z of the CTA's rows, copied into shared memory (else None)
+    z_staged: cute.Tensor | None
+
+
+def start_gated_norm(
+    z: cute.Tensor,
+    norm_weight: cute.Tensor,
+    seq,
+    token_at,
+    hv,
+    row_block,
+    group,
+    tokens: int,
+    tile_v: int,
+    ilp: int,
+    threads: int,
+    cluster: int,
+    stages_z: Callable,
+) -> HeadNorm:
+    """The epilogue's start, before the token loop: announce the CTA to its ``cluster`` (the
+    head's CTAs), take the shared memory, load the weight of the lane's ``ilp`` rows
+    (``row_block`` of the head, ``group`` of the CTA) and, at T > 1, start copying every token's
+    z (rows ``seq``, ``token_at``, value head ``hv``) into shared memory on the lanes where
+    ``stages_z()`` holds (``_stage_z``). Each token's outputs wait in shared memory (``gated``;
+    in registers they would be T * ilp a thread) and their squares are added as they come
+    (``squares``); the inverse RMS, a scalar per token, waits for the head's other rows. (A plain
+    function: the record a ``cute.jit`` one returned would come back with its numbers staged.)"""
+    announce_start(cluster)
+    slots = head_square_slots(tokens, threads, cluster)
+    squares = cute.make_rmem_tensor((tokens,), Float32)
+    weight_rows = cute.make_rmem_tensor((ilp,), Float32)
+    weight_rows.store(cute.zipped_divide(norm_weight, (ilp,))[None, row_block].load().to(Float32))
+    staging = cutlass.memory.SmemAllocator()
+    gated = staging.allocate_tensor(
+        Float32, cute.make_layout((tokens, tile_v), stride=(tile_v, 1)), 16
+    )
+    z_staged = None
+    if tokens > 1:
+        # Every token's z, copied in by cp.async now. (Loaded in the token loop beside the other
+        # inputs, T tokens of z cost more registers than their size: on sm_90a 182 against 128
+        # for kl_bf16_tv128_ilp8 at T = 4.) At T = 1, z comes with the token's other inputs.
+        z_staged = staging.allocate_tensor(
+            z.element_type, cute.make_layout((tokens, tile_v), stride=(tile_v, 1)), 16
+        )
+        _stage_z(z, z_staged, seq, token_at, hv, row_block, group, tokens, ilp, stages_z)
+    return HeadNorm(slots, squares, weight_rows, gated, z_staged)
+
+
+@cute.jit
+def _stage_z(
+    z: cute.Tensor,
+    z_staged: cute.Tensor,
+    seq,
+    token_at,
+    hv,
+    row_block,
+    group,
+    tokens: cutlass.Constexpr[int],
+    ilp: cutlass.Constexpr[int],
+    stages_z: Callable,
+):
+    """Start the copy of every token's z into ``z_staged`` on the lanes where ``stages_z()``
+    holds. (``stages_z`` is called here, where the copy is issued: a condition computed before
+    moves ahead in the PTX.)"""
+    if stages_z():
+        for t in cutlass.range_constexpr(tokens):
+            stage_rows(
+                cute.zipped_divide(z[seq, token_at[t], hv, None], (ilp,))[None, row_block],
+                cute.zipped_divide(z_staged[t, None], (ilp,))[None, group],
+            )
+        cute.arch.cp_async_commit_group()
 
 
 @cute.jit

@@ -1,8 +1,10 @@
 """What a spec emits: the files of one target, each with its template and context.
 
-This is the one place where variants are enumerated (sorted by canonical name) and where the
-dispatch table is assembled: measured rules for the (layout, dtype) pairs whose timings still
-hold, the spec's static rules for the others (docs/design.md, "Architecture").
+This is the one place where variants are enumerated (sorted by canonical name), where each
+becomes what the templates read (:class:`KernelPlan`: its code shape, which names the body
+module its kernel module calls, and the numbers of its code), and where the dispatch table is
+assembled: measured rules for the (layout, dtype) pairs whose timings still hold, the spec's
+static rules for the others (docs/design.md, "Architecture").
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Iterator
 
-from gdngen.device.lanes import butterfly_offsets, reduce_scatter
+from gdngen.device.lanes import butterfly_offsets, lane_stride, reduce_scatter
 from gdngen.dispatch import (
     Rule,
     ahead_of_measured,
@@ -30,41 +32,87 @@ from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
 from .dispatch_table import RowFormat
 
+from .shape import KernelShape
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 #: the file beside dispatch.py that says why each measured row picks its variant
 EVIDENCE = "dispatch_evidence.txt"
 
 
 @dataclass(frozen=True)
-class VariantView:
-    """A variant as its template sees it: every knob and derived number of :class:`Variant`
-    (read through, so a new knob or property needs no change here), plus the variant's name and
-    the prose of its docstring."""
+class KernelPlan:
+    """A variant as the templates see it: its name, the knobs its module spells, the shape of its
+    code (:class:`gdngen.emit.shape.KernelShape`, which picks the body), the numbers derived for
+    its code and the prose of its docstring. Plain data: the templates never read the spec's
+    pydantic models."""
 
-    variant: Variant
     name: str
     layout_doc: str
     summary: str
-
-    def __getattr__(self, attr: str):
-        return getattr(self.variant, attr)
+    shape: KernelShape
+    layout: str
+    state_dtype: str
+    tile_v: int
+    ilp: int
+    vec: int
+    threads_per_group: int
+    k_splits: int
+    row_passes: int
+    min_ctas_per_sm: int
+    #: warp lanes between K-neighbours of a group, and the XOR offsets of the group's butterfly
+    #: (gdngen.device.lanes)
+    lane_stride: int
+    butterfly_offsets: tuple[int, ...]
+    #: independent state loads a lane has in flight, and the elements of one state load or store
+    loads_per_lane: int
+    state_vector: int
+    #: CuTe's LoadCacheMode and StoreCacheMode members of the state's cache operators
+    load_cache_mode: str
+    store_cache_mode: str
 
     @classmethod
-    def of(cls, spec: Spec, variant: Variant) -> "VariantView":
+    def of(cls, variant: Variant, sm: str) -> "KernelPlan":
+        stride = lane_stride(variant.layout, variant.threads_per_group)
+        offsets = butterfly_offsets(variant.threads_per_group, stride)
+        loads = _loads_per_lane(variant)
         return cls(
-            variant=variant,
-            name=spec.variant_name(variant),
+            name=variant.name_for(sm),
             layout_doc=(
                 "K-last [pool, HV, V, K]"
                 if variant.layout == "k_last"
                 else "V-last [pool, HV, K, V]"
             ),
-            summary=_summary(variant),
+            summary=_summary(variant, stride, offsets, loads),
+            shape=KernelShape.of(variant),
+            layout=variant.layout,
+            state_dtype=variant.state_dtype,
+            tile_v=variant.tile_v,
+            ilp=variant.ilp,
+            vec=variant.vec,
+            threads_per_group=variant.threads_per_group,
+            k_splits=variant.k_splits,
+            row_passes=variant.row_passes,
+            min_ctas_per_sm=variant.min_ctas_per_sm,
+            lane_stride=stride,
+            butterfly_offsets=offsets,
+            loads_per_lane=loads,
+            state_vector=variant.load_elems,
+            load_cache_mode=(
+                "ALWAYS" if variant.state_load_cache == "all" else variant.state_load_cache.upper()
+            ),
+            store_cache_mode=variant.state_store_cache.upper(),
         )
 
 
-def _summary(variant: Variant) -> str:
-    """The kernel docstring's paragraph on how the variant maps the state onto lanes."""
+def _loads_per_lane(variant: Variant) -> int:
+    """Independent state loads a lane has in flight: K-last, its rows' loads; V-last, one a
+    column (a load covers ilp rows of one column)."""
+    return variant.ilp * variant.row_loads if variant.layout == "k_last" else variant.vec
+
+
+def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int) -> str:
+    """The kernel docstring's paragraph on how the variant maps the state onto lanes, from its
+    lane stride, its group's butterfly offsets and its state loads a lane."""
     lanes = "lane" if variant.threads_per_group == 1 else "lanes"
     splits = f" in each of {variant.k_splits} K splits" if variant.k_splits > 1 else ""
     tiles = ","
@@ -73,7 +121,7 @@ def _summary(variant: Variant) -> str:
         unrolled = " in an unrolled loop" if variant.unroll_passes else ""
         tiles = f", {variant.row_passes} tiles one after the other{unrolled}{overlap},"
     if variant.solve == "stepwise":
-        steps = len(butterfly_offsets(variant.threads_per_group))
+        steps = len(offsets)
         over = [f"the group with a {steps}-step butterfly"] if steps else []
         if variant.k_splits > 1:
             over.append(f"the {variant.k_splits} K splits in shared memory")
@@ -81,9 +129,7 @@ def _summary(variant: Variant) -> str:
         if variant.preload_tokens:
             reduction += " (every token's q, k, v and gates loaded before the first)"
     else:
-        rows_held = reduce_scatter(
-            variant.ilp, variant.threads_per_group, variant.lane_stride
-        ).rows_held
+        rows_held = reduce_scatter(variant.ilp, variant.threads_per_group, stride).rows_held
         reduction = (
             f"solves the tokens staged: q, k and the gates of all T tokens are staged once per "
             f"CTA in shared memory, every dot product is taken against the initial state and "
@@ -95,13 +141,13 @@ def _summary(variant: Variant) -> str:
         f"{variant.groups} groups of {variant.threads_per_group} {lanes}{splits} "
         f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
         f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T tokens{tiles}"
-        f" moves it with {variant.loads_per_lane} loads of {variant.load_bytes} bytes, and "
+        f" moves it with {loads} loads of {variant.load_bytes} bytes, and "
         f"{reduction}"
         + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
         + (
             f" Its state moves with ld.global.{LOAD_CACHE_PTX[variant.state_load_cache]} loads and "
             f"st.global.{STORE_CACHE_PTX[variant.state_store_cache]} stores (cache operators)."
-            if variant.cache_hinted
+            if KernelShape.of(variant).cache_ops
             else ""
         )
         + (
@@ -122,8 +168,8 @@ class PlannedFile:
     template: str
     spec_path: str
     context: dict = field(hash=False, compare=False)
-    #: for a kernel module that reuses another target's body: that module's path under the
-    #: generated root (its header names it, and the build fingerprint hashes it too)
+    #: for a kernel module: its body module's path under the generated root (its header names
+    #: it, and the build fingerprint hashes it too)
     body_from: str | None = None
 
 
@@ -142,7 +188,7 @@ def plan_target(
     of the spec's ``tuning.gpu`` (the default table), ``other_gpus`` those of its other GPU
     models (a table each)."""
     variants = sorted(spec.variants, key=lambda v: natural_key(spec.variant_name(v)))
-    views = [VariantView.of(spec, variant) for variant in variants]
+    kernels = [KernelPlan.of(variant, spec.sm) for variant in variants]
     target_info = {
         "name": spec.target,
         "sm": spec.sm,
@@ -155,13 +201,33 @@ def plan_target(
         "served": [list(pair) for pair in spec.served],
         "spec": spec_path,
     }
-    files = [kernel_file(spec, spec_path, view) for view in views]
+    files = [kernel_file(spec, spec_path, kernel) for kernel in kernels]
+    # the bodies of the shapes no spec this one extends has
+    own = {k.shape.name: k.shape for k in kernels if body_source(spec, k.shape) is None}
+    files += [
+        PlannedFile(
+            f"bodies/{name}.py",
+            "body.py.j2",
+            spec_path,
+            {"name": name, "shape": shape, "kernel_args": KERNEL_ARGS},
+        )
+        for name, shape in sorted(own.items())
+    ]
+    if own:
+        files.append(
+            PlannedFile(
+                relpath="bodies/__init__.py",
+                template="bodies_init.py.j2",
+                spec_path=spec_path,
+                context={"target": target_info},
+            )
+        )
     files.append(
         PlannedFile(
             relpath="kernels/__init__.py",
             template="kernels_init.py.j2",
             spec_path=spec_path,
-            context={"target": target_info, "variant_names": [v.name for v in views]},
+            context={"target": target_info, "variant_names": [k.name for k in kernels]},
         )
     )
     files += dispatch_files(spec, spec_path, measured, other_gpus or {})
@@ -176,44 +242,39 @@ def plan_target(
     return files
 
 
-def kernel_body(spec: Spec, variant: Variant) -> tuple[Spec, str, str] | None:
-    """Where a variant's kernel body comes from when a spec this one extends has the same knob
-    point: that spec, its path, and the body module's path under the generated root."""
-    donor = spec.kernel_donor(variant)
-    if donor is None:
-        return None
-    body_spec, body_spec_path = donor
-    return (
-        body_spec,
-        body_spec_path,
-        f"{body_spec.target}/kernels/{body_spec.variant_name(variant)}.py",
-    )
+def body_source(spec: Spec, shape: KernelShape) -> tuple[Spec, str] | None:
+    """Where the body of ``shape`` comes from when a spec this one extends has a variant of that
+    shape: the farthest such spec and its path (its target emits the body, whose code is the same
+    for every SM: docs/design.md, "Targets that extend another"). None: this target emits it."""
+    for ancestor, path in reversed(spec.ancestors):
+        if any(KernelShape.of(variant) == shape for variant in ancestor.variants):
+            return ancestor, path
+    return None
 
 
-def kernel_file(spec: Spec, spec_path: str, view: VariantView) -> PlannedFile:
-    """A variant's kernel module: its own body, or, where a spec this one extends has the same
-    knob point, a module that names that target's body and compiles it for this SM."""
-    context = {
-        "name": view.name,
-        "sm": spec.sm,
-        "spec_path": spec_path,
-        "variant": view,
-        "kernel_args": KERNEL_ARGS,
-    }
-    body = kernel_body(spec, view.variant)
-    if body is None:
-        return PlannedFile(f"kernels/{view.name}.py", "decode.py.j2", spec_path, context)
-    body_spec, _, body_from = body
+def body_path(spec: Spec, shape: KernelShape) -> str:
+    """The path of the body of ``shape`` that ``spec``'s kernels take, under the generated root."""
+    source = body_source(spec, shape)
+    target = spec.target if source is None else source[0].target
+    return f"{target}/bodies/{shape.name}.py"
+
+
+def kernel_file(spec: Spec, spec_path: str, kernel: KernelPlan) -> PlannedFile:
+    """A variant's kernel module: its knobs and host side, naming the body of its shape (this
+    target's, or that of a target whose spec this one extends)."""
+    source = body_source(spec, kernel.shape)
+    package = ".." if source is None else f"...{source[0].target}."
     return PlannedFile(
-        f"kernels/{view.name}.py",
-        "kernel_reuse.py.j2",
+        f"kernels/{kernel.name}.py",
+        "kernel.py.j2",
         spec_path,
         {
-            **context,
-            "body_target": body_spec.target,
-            "body_name": body_spec.variant_name(view.variant),
+            "kernel": kernel,
+            "sm": spec.sm,
+            "spec_path": spec_path,
+            "body_module": f"{package}bodies.{kernel.shape.name}",
         },
-        body_from=body_from,
+        body_from=body_path(spec, kernel.shape),
     )
 
 

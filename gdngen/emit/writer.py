@@ -13,7 +13,8 @@ from pathlib import Path
 from gdngen.spec import Spec, spec_sha256
 from gdngen.tune.tuning_file import Measured, set_key
 
-from .plan import kernel_body, measured_sets, plan_target, unmeasured_sets
+from .plan import body_path, body_source, measured_sets, plan_target, unmeasured_sets
+from .shape import KernelShape
 from .render import render_all
 
 MANIFEST = "MANIFEST.txt"
@@ -87,17 +88,19 @@ class EmitError(RuntimeError):
 
 
 def missing_bodies(spec: Spec, out_root: Path) -> list[str]:
-    """The kernel bodies this target reuses from the targets it extends that are not emitted
+    """The kernel bodies this target takes from the targets it extends that are not emitted
     under ``out_root`` (docs/design.md, "Targets that extend another"), each as a sentence
     saying which file and how to emit it."""
     missing = {}
     for variant in spec.variants:
-        found = kernel_body(spec, variant)
-        if found is not None and not (out_root / found[2]).is_file():
-            missing.setdefault(found[1], []).append(f"{out_root.name}/{found[2]}")
+        shape = KernelShape.of(variant)
+        source = body_source(spec, shape)
+        path = body_path(spec, shape)
+        if source is not None and not (out_root / path).is_file():
+            missing.setdefault(source[1], []).append(f"{out_root.name}/{path}")
     return [
-        f"{spec.target} reuses the kernel bodies of {spec_path}, but {len(files)} of them are not "
-        f"emitted (first: {files[0]}); run: gdngen emit {spec_path}"
+        f"{spec.target} reuses the kernel bodies of {spec_path}, but {len(set(files))} of them are "
+        f"not emitted (first: {files[0]}); run: gdngen emit {spec_path}"
         for spec_path, files in missing.items()
     ]
 

@@ -99,9 +99,9 @@ def device_helpers_sha256() -> str:
 @cache
 def module_content_sha256(module_name: str) -> str:
     """The content hash a generated module's header carries (gdngen.emit.render), read from its
-    file without importing it (importing a kernel module imports CuTe DSL, seconds). A module
-    that reuses another target's kernel body adds that body's hash, so that an edited body never
-    meets a binary compiled from the old one."""
+    file without importing it (importing a kernel module imports CuTe DSL, seconds). A kernel
+    module adds the hash of the body its header names (its device code, this target's or another
+    target's), so that an edited body never meets a binary compiled from the old one."""
     spec = util.find_spec(module_name)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(f"no module {module_name}")

@@ -16,7 +16,7 @@ from typing import Annotated, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from gdngen.device.lanes import WARP, butterfly_offsets, lane_stride
+from gdngen.device.lanes import WARP
 from gdngen.dispatch import Fusion, Rule, boundary_shapes, coverage_gap, select, table_order
 from gdngen.geometry import HEAD_DIMS, Geometry
 from gdngen.sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
@@ -124,7 +124,8 @@ class Variant(_Strict):
     #: ``gated_norm: true`` may use it. The kernel's code does not change, nor does its name.
     gated_norm_only: bool = False
 
-    # -- derived numbers (the templates read these; they never compute them) --------------------
+    # -- derived numbers the knob constraints need (the emit plan derives the code's own:
+    # gdngen/emit/plan.py, gdngen/emit/shape.py) ------------------------------------------------
 
     @property
     def state_bytes(self) -> int:
@@ -150,41 +151,6 @@ class Variant(_Strict):
         return self.head_k_dim == K and V % self.tile_v == 0
 
     @property
-    def holds_state_behind_slot_table(self) -> bool:
-        """Whether a 16-bit state stays in its own dtype until its first use where its load waits
-        for a per-token slot table (vLLM's spec form), as it does behind the conv1d prologue: in
-        the stepwise solve with preloaded tokens, where the tokens' loads then go out before the
-        state arrives, and at ILP 2 only. On an H100, held, the spec form of `tv8_ilp2_pre` ran
-        4-7% faster at B = 1, T = 2-3; that of `tv16_ilp4_pre` ran 3% slower at T = 4 (bf16) and
-        4-5% slower at T = 8 (fp16) (docs/perf/h100-2026-11-27-held-state.md)."""
-        return self.solve == "stepwise" and self.preload_tokens and self.ilp <= 2
-
-    @property
-    def gates_in_token_loop_behind_slot_table(self) -> bool:
-        """Whether, behind a per-token slot table (vLLM's spec form), the preloading stepwise
-        kernels that convert the state as it is loaded (ILP > 2) compute each token's gates in the
-        token loop instead of before it. Before it, ptxas placed the tokens' q, k and v loads
-        behind the gates' arithmetic, which waits for the gates' loads, which went out after the
-        state arrived; in the loop, every token's loads go out ahead of the state's
-        (docs/design.md, "Call forms")."""
-        return (
-            self.solve == "stepwise"
-            and self.preload_tokens
-            and self.layout == "k_last"
-            and not self.holds_state_behind_slot_table
-        )
-
-    @property
-    def state_raw_until_use(self) -> str:
-        """Where a 16-bit state stays in its own dtype until the solve's first use of it (the
-        templates' tile_load): "always" (the staged solve in one pass, whose staging runs while
-        the state is in flight), "slot_table" (behind the conv1d prologue or a per-token slot
-        table: holds_state_behind_slot_table) or "conv" (behind the conv1d prologue only)."""
-        if self.solve == "staged" and self.row_passes == 1:
-            return "always"
-        return "slot_table" if self.holds_state_behind_slot_table else "conv"
-
-    @property
     def row_loads(self) -> int:
         """Vector loads a lane spends on its part of one state row: K-last, its vec columns, in
         loads of at most 16 bytes; V-last, one (a load covers ilp rows of one column)."""
@@ -202,36 +168,11 @@ class Variant(_Strict):
         return self.load_elems * self.state_bytes
 
     @property
-    def load_bits(self) -> int:
-        """Bits in one vector load or store of state (a copy atom's width)."""
-        return 8 * self.load_bytes
-
-    @property
-    def cache_hinted(self) -> bool:
-        """Whether the state moves through copy atoms that carry cache operators."""
-        return self.state_load_cache != "all" or self.state_store_cache != "write_back"
-
-    @property
-    def load_cache_mode(self) -> str:
-        """The CuTe LoadCacheMode member of state_load_cache."""
-        return "ALWAYS" if self.state_load_cache == "all" else self.state_load_cache.upper()
-
-    @property
-    def store_cache_mode(self) -> str:
-        """The CuTe StoreCacheMode member of state_store_cache."""
-        return self.state_store_cache.upper()
-
-    @property
     def register_cap(self) -> int | None:
         """Registers a thread may use under min_ctas_per_sm (None: no bound)."""
         if not self.min_ctas_per_sm:
             return None
         return SM_REGISTERS // (self.min_ctas_per_sm * self.threads)
-
-    @property
-    def loads_per_lane(self) -> int:
-        """Independent state loads a lane has in flight."""
-        return self.ilp * self.row_loads if self.layout == "k_last" else self.vec
 
     @property
     def groups(self) -> int:
@@ -245,21 +186,6 @@ class Variant(_Strict):
     @property
     def threads(self) -> int:
         return self.split_threads * self.k_splits
-
-    @property
-    def split_sums(self) -> int:
-        """Values a group publishes per K split and token: q.q, k.k, q.k, then h.k and h.q per row."""
-        return 3 + 2 * self.ilp
-
-    @property
-    def lane_stride(self) -> int:
-        """Distance in warp lanes between two K-neighbours of one group (gdngen.device.lanes)."""
-        return lane_stride(self.layout, self.threads_per_group)
-
-    @property
-    def butterfly_offsets(self) -> tuple[int, ...]:
-        """XOR lane offsets of the group reduction, largest first (gdngen.device.lanes)."""
-        return butterfly_offsets(self.threads_per_group, self.lane_stride)
 
     @property
     def state_regs(self) -> int:
@@ -557,15 +483,6 @@ class Spec(_Strict):
 
     def variant_name(self, variant: Variant) -> str:
         return variant.name_for(self.sm)
-
-    def kernel_donor(self, variant: Variant) -> tuple["Spec", str] | None:
-        """The farthest spec this one extends that has the same knob point, with its path: its
-        kernel module holds the body this target compiles for its own SM (docs/design.md,
-        "Targets that extend another"). None where no ancestor has it."""
-        for ancestor, path in reversed(self._ancestors):
-            if variant in ancestor.variants:
-                return ancestor, path
-        return None
 
     @property
     def variants_by_name(self) -> Mapping[str, Variant]:
