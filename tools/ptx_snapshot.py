@@ -33,9 +33,9 @@ from gdngen.spec import load_spec  # noqa: E402
 from gdngen.terms import PORTABLE_CLUSTER, kernel_serves_head_dims  # noqa: E402
 
 #: the compile keys, by name: the call forms whose code differs most (docs/design.md, "Call
-#: forms"). "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants
+#: forms"); "spec_uniform" is the spec form with rows placed at n * T and an exact table. "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants
 #: only; the norm only where a head's CTAs fit one portable cluster).
-KEYS = ("plain", "verify", "spec", "fused_spec", "fused_update")
+KEYS = ("plain", "verify", "spec", "spec_uniform", "fused_spec", "fused_update")
 
 
 def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | None:
@@ -64,6 +64,8 @@ def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | No
         )  # fmt: skip
     if name == "spec":
         return spec
+    if name == "spec_uniform":  # the caller's uniform_seqlen, a table exactly T wide
+        return replace(spec, uniform_rows=True, exact_slot_table=True)
     if knobs.solve != "stepwise":
         return None
     norm = geometry.V // knobs.tile_v <= PORTABLE_CLUSTER
