@@ -16,8 +16,11 @@ Inputs (no trained model's activations are at hand, so these are stand-ins, said
   long-memory heads (g near 1) and fast-forgetting ones.
 - a, b (the per-token gate projections): standard normal, bf16-rounded. So
   softplus(a + dt_bias) ~ dt * exp(a), g = exp(-A * dt * exp(a)) and beta = sigmoid(b).
+- ``--dt-range`` and ``--b-mean`` shift these towards long memory (smaller dt: g nearer 1) and
+  weak writes (negative b: small beta), where a rounded state loses small updates first.
 
-Run: ``python -m gdngen.bench.drift [--steps 4096] [--heads 8] [--seed 0] [--out FOLDER]``.
+Run: ``python -m gdngen.bench.drift [--steps 4096] [--heads 8] [--seed 0] [--dt-range LOW HIGH]
+[--b-mean B] [--out FOLDER]``.
 """
 
 from __future__ import annotations
@@ -51,8 +54,17 @@ class Inputs:
     beta: torch.Tensor  # [steps, heads]
 
 
-def make_inputs(steps: int, heads: int, seed: int, K: int = HEAD_DIM, V: int = HEAD_DIM):
-    """The inputs of the module docstring, drawn from ``seed``."""
+def make_inputs(
+    steps: int,
+    heads: int,
+    seed: int,
+    dt_range: tuple[float, float] = (1e-3, 1e-1),
+    b_mean: float = 0.0,
+    K: int = HEAD_DIM,
+    V: int = HEAD_DIM,
+):
+    """The inputs of the module docstring, drawn from ``seed``; ``dt_range`` and ``b_mean``
+    (the mean of b) move the heads towards longer memory and weaker writes."""
     gen = torch.Generator().manual_seed(seed)
 
     def bf16_normal(*shape):
@@ -60,9 +72,11 @@ def make_inputs(steps: int, heads: int, seed: int, K: int = HEAD_DIM, V: int = H
 
     A_log = torch.log(1 + 15 * torch.rand(heads, generator=gen, dtype=torch.float64))
     bins = (torch.arange(heads) + torch.rand(heads, generator=gen, dtype=torch.float64)) / heads
-    dt = torch.exp(math.log(1e-3) + bins * math.log(1e-1 / 1e-3))
+    dt_low, dt_high = dt_range
+    dt = torch.exp(math.log(dt_low) + bins * math.log(dt_high / dt_low))
     dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus^-1
-    g, beta = gates(A_log, bf16_normal(steps, heads), dt_bias, bf16_normal(steps, heads))
+    b = b_mean + bf16_normal(steps, heads)
+    g, beta = gates(A_log, bf16_normal(steps, heads), dt_bias, b)
     q = l2_normalize(bf16_normal(steps, heads, K)) * K**-0.5
     k = l2_normalize(bf16_normal(steps, heads, K))
     return Inputs(q=q, k=k, v=bf16_normal(steps, heads, V), g=g, beta=beta)
@@ -175,13 +189,21 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=4096, help="decode steps (default 4096)")
     parser.add_argument("--heads", type=int, default=8, help="value heads (default 8)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dt-range",
+        type=float,
+        nargs=2,
+        default=(1e-3, 1e-1),
+        help="dt's log-uniform range (default FLA's 1e-3 1e-1)",
+    )
+    parser.add_argument("--b-mean", type=float, default=0.0, help="mean of b (default 0)")
     parser.add_argument("--out", type=Path, help="folder for drift.json and drift.md")
     args = parser.parse_args(argv)
     if args.steps < 8:
         parser.error("--steps must be at least 8 (the growth compares step steps/8 with the last)")
 
     start = time.perf_counter()
-    inputs = make_inputs(args.steps, args.heads, args.seed)
+    inputs = make_inputs(args.steps, args.heads, args.seed, tuple(args.dt_range), args.b_mean)
     errors = simulate(inputs, seed=args.seed)
     seconds = time.perf_counter() - start
     rows = summary(errors, args.steps)
