@@ -251,8 +251,7 @@ def test_emitted_dispatch_table_is_the_spec_rules(h200_spec, h200_emitted):
     out, _ = h200_emitted
     table = runpy.run_path(str(out / h200_spec.target / "dispatch.py"))["TABLE"]
     expected = [
-        replace(rule, source=f"spec[{index}]")
-        for index, rule in enumerate(h200_spec.dispatch)
+        replace(rule, source=f"spec[{index}]") for index, rule in enumerate(h200_spec.dispatch)
     ]
     # in table order: the rules that name a call form or the gated RMSNorm first, as listed
     assert list(table) == table_order(expected)

@@ -402,9 +402,7 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     hold, at the head dims they were measured at; then the spec's other static rules that still
     serve some call (every call of the other pairs, and the measured pairs' calls at other head
     dims), each citing where it came from."""
-    static = [
-        replace(rule, source=f"spec[{index}]") for index, rule in enumerate(spec.dispatch)
-    ]
+    static = [replace(rule, source=f"spec[{index}]") for index, rule in enumerate(spec.dispatch)]
     rules = [rule for rule in static if ahead_of_measured(rule)]
     if measured:
         for cells, pairs, dims in _measured_by_head_dims(spec, measured):
