@@ -16,10 +16,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-# TVM-FFI loads the kernels found on disk and launches every kernel: imported with the runtime
-# (tens of ms, like torch's own import) rather than inside a first call.
-import tvm_ffi  # noqa: F401
-
 from .compile import CompileKey, compile_kernel
 from .kernel_dir import (
     KernelDir,
