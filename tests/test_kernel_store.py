@@ -22,7 +22,7 @@ from gdngen.runtime.forms import reachable_variants
 from gdngen.runtime.kernel_dir import KernelDir, KernelDirWarning, entry_name, fingerprint
 from gdngen.runtime.launcher import call_key
 from tests.spec_helpers import ROOT
-from tests.test_light_import import HEAVY
+from tests.test_light_import import GENERATOR
 
 VARIANT = "kl_bf16_tv16_ilp4_vec8_tpg16_sm90"
 MODULE = f"generated.h200.kernels.{VARIANT}"
@@ -404,7 +404,7 @@ def test_build_then_warmup_from_the_artifacts_in_a_fresh_process(tmp_path):
         import json, sys
         import generated.mini as mini
         summary = mini.warmup(progress=False)
-        heavy = [name for name in {HEAVY!r} if name in sys.modules]
+        heavy = [name for name in {GENERATOR!r} if name in sys.modules]
         print(json.dumps({{"by_source": summary.by_source, "heavy": heavy}}))
         """,
         {**env, "GDNGEN_ARTIFACTS": str(tmp_path / "art")},
