@@ -37,6 +37,12 @@ def sm_suffix(sm: str) -> str:
     return sm.removesuffix("a").replace("_", "")
 
 
+def conv_step_name(sm: str) -> str:
+    """The conv step's module in a target's kernels package (gdngen.runtime.conv_step):
+    ``conv_step_sm90`` for sm_90a."""
+    return f"conv_step_{sm_suffix(sm)}"
+
+
 def pair_key(layout: str, state_dtype: str) -> str:
     """How a (layout, state dtype) pair is named in files and messages: ``k_last/bf16``."""
     return f"{layout}/{state_dtype}"

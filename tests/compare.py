@@ -19,7 +19,18 @@ def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def assert_close(name: str, x: torch.Tensor, ref: torch.Tensor, stored_dtype: torch.dtype) -> None:
+def assert_close(
+    name: str,
+    x: torch.Tensor,
+    ref: torch.Tensor,
+    stored_dtype: torch.dtype,
+    inputs_rounded_to: torch.dtype | None = None,
+) -> None:
+    """``inputs_rounded_to``: the kernel rounded its own inputs (the conv step's workspace) from
+    fp32 values that the reference computed in float64 and rounded the same way. Near a rounding
+    boundary the two may land one ulp apart, so one element of the result may be off by about
+    that ulp of an input: the max-abs bound is that dtype's where it is looser than the stored
+    one's. The norm bound stays the stored dtype's (such elements are rare)."""
     assert x.shape == ref.shape, f"{name}: shape {tuple(x.shape)} != {tuple(ref.shape)}"
     if ref.numel() == 0:
         return
@@ -31,6 +42,9 @@ def assert_close(name: str, x: torch.Tensor, ref: torch.Tensor, stored_dtype: to
     ), f"{name}: relative error {err:.3g} > {NORM_TOL[stored_dtype]:.3g}"
     peak = float(ref.double().abs().max().clamp_min(1e-30))
     worst = float((xd - ref.double()).abs().max())
+    bound = MAX_TOL[stored_dtype]
+    if inputs_rounded_to is not None:
+        bound = max(bound, MAX_TOL[inputs_rounded_to])
     assert (
-        worst <= MAX_TOL[stored_dtype] * peak
-    ), f"{name}: max abs error {worst:.3g} > {MAX_TOL[stored_dtype]:.3g} * max|ref| ({peak:.3g})"
+        worst <= bound * peak
+    ), f"{name}: max abs error {worst:.3g} > {bound:.3g} * max|ref| ({peak:.3g})"

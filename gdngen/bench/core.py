@@ -8,6 +8,9 @@ packed with ``cu_seqlens``), whose every token's state is written to its slot.
 
 - **fused core**: one ``gdn_decode`` call on the pre-conv rows, with the conv1d prologue (its
   state in vLLM's per-token form at T > 1) and the gated RMSNorm epilogue;
+- **split plan**: gdngen's own conv step, then the decode kernel with the norm fused, in one
+  ``gdn_decode`` call on the split plan (``split_conv_call``; docs/design.md, "The conv1d step
+  apart"), whatever the dispatch picks;
 - **conv, fused rest**: the conv kernel, then one ``gdn_decode`` with the norm fused;
 - **chain (gdngen)**: the conv kernel, the unfused ``gdn_decode``, the norm kernel;
 - **chain (flashinfer)**: the conv kernel, FlashInfer's recurrence in its own form (T > 1: its
@@ -129,6 +132,12 @@ def run_cell(target, steps, flashinfer, *, batch, tokens, HV, state_dtype, conv)
         call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
              output=s["output"])  # fmt: skip
 
+    split_call = target.split_conv_call()
+
+    def split(s):
+        split_call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
+                   output=s["output"])  # fmt: skip
+
     def conv_fused_rest(s):
         call(**with_rows(s, convolved(s)), **norm_kwargs(s), output=s["output"])
 
@@ -146,7 +155,14 @@ def run_cell(target, steps, flashinfer, *, batch, tokens, HV, state_dtype, conv)
                                  output=first["output"])  # fmt: skip
     error = check_fused(first, fused, chain, conv)
     runs = {"fused core": [lambda s=s: fused(s) for s in sets]}
+    split_variant = None
     if conv:
+        split_variant = split_call.prepare(
+            **with_rows(first, first["args"]["mixed_qkv"]), **conv_kwargs(first),
+            **norm_kwargs(first), output=first["output"],
+        )  # fmt: skip
+        error = max(error, check_fused(first, split, chain, conv))
+        runs["split plan"] = [lambda s=s: split(s) for s in sets]
         runs["conv, fused rest"] = [lambda s=s: conv_fused_rest(s) for s in sets]
     runs["chain (gdngen)"] = [lambda s=s: chain(s) for s in sets]
     peer = flashinfer_chain(flashinfer, peer_problem(problem), sets, convolved, norm_step)
@@ -157,7 +173,7 @@ def run_cell(target, steps, flashinfer, *, batch, tokens, HV, state_dtype, conv)
     runs["recurrence alone"] = [lambda s=s: recurrence(s) for s in sets]
     return dict(
         batch=batch, tokens=tokens, HV=HV, state_dtype=state_dtype, conv=conv, variant=variant,
-        plain_variant=plain_variant, error=error, skipped=skipped,
+        plain_variant=plain_variant, split_variant=split_variant, error=error, skipped=skipped,
         us=time_side_by_side(runs),
     )  # fmt: skip
 
@@ -205,6 +221,12 @@ def flashinfer_chain(flashinfer, problem: Problem, sets, convolved, norm_step):
     return runs
 
 
+def split_ratio(us: dict) -> str:
+    if "split plan" not in us:
+        return "-"
+    return f"{us['split plan'] / us['recurrence alone']:.3f}"
+
+
 def markdown(records: list[dict], env: dict) -> str:
     names = list(dict.fromkeys(n for r in records for n in r["us"]))
     lines = [
@@ -213,8 +235,8 @@ def markdown(records: list[dict], env: dict) -> str:
         "",
         "| state | HV | T | B | fused variant | "
         + " | ".join(f"{n} µs" for n in names)
-        + " | fastest chain / fused | fused / recurrence |",
-        "|" + "---|" * (7 + len(names)),
+        + " | fastest chain / fused | fused / recurrence | split / recurrence |",
+        "|" + "---|" * (8 + len(names)),
     ]
     ratios = []
     for r in records:
@@ -224,7 +246,8 @@ def markdown(records: list[dict], env: dict) -> str:
         cells = " | ".join(f"{us[n]:.2f}" if n in us else "-" for n in names)
         lines.append(
             f"| {r['state_dtype']} | {r['HV']} | {r['tokens']} | {r['batch']} | `{r['variant']}` "
-            f"| {cells} | {ratios[-1]:.2f} | {us['fused core'] / us['recurrence alone']:.3f} |"
+            f"| {cells} | {ratios[-1]:.2f} | {us['fused core'] / us['recurrence alone']:.3f} "
+            f"| {split_ratio(us)} |"
         )
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     lines.append(f"\nfastest chain / fused: geometric mean {geo:.2f}x over {len(records)} cells")

@@ -159,8 +159,19 @@ class Rule:
     #: whether the rule is for calls with a per-token slot table (true), without (false), or both
     #: (None); such calls store every token's state (``intermediate: yes``)
     per_token_slots: bool | None = None
+    #: the plan of the conv1d calls it serves (docs/design.md, "The conv1d step apart"): the
+    #: conv as a kernel of its own, then ``use`` without the prologue (true), or the conv fused
+    #: into ``use`` (false). True only in a rule for conv1d calls alone (``conv1d: true``)
+    split_conv: bool = False
     use: str
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.split_conv and self.conv1d is not True:
+            raise ValueError(
+                "split_conv: a rule that splits the conv1d step off is for calls with the "
+                f"prologue only (conv1d: true); got conv1d={self.conv1d}"
+            )
 
     @property
     def names_form(self) -> bool:

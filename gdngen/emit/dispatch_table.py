@@ -30,6 +30,7 @@ COLUMNS: dict[str, tuple[str, int | None]] = {
     "heads": ("HV", len("(12, 16),")),
     "packed": ("packed", len("False,")),
     "per_token_slots": ("slots", len("False,")),
+    "split_conv": ("split", len("False,")),
     "use": ("use", None),
     "source": ("source", 0),
 }

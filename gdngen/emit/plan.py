@@ -28,6 +28,7 @@ from gdngen.dispatch import (
 from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
+from gdngen.terms import conv_step_name
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
 from .dispatch_table import RowFormat
@@ -220,6 +221,16 @@ def plan_target(
                 template="bodies_init.py.j2",
                 spec_path=spec_path,
                 context={"target": target_info},
+            )
+        )
+    if spec.features.conv1d_widths:
+        step = conv_step_name(spec.sm)
+        files.append(
+            PlannedFile(
+                f"kernels/{step}.py",
+                "conv_step.py.j2",
+                spec_path,
+                {"target": target_info, "name": step},
             )
         )
     files.append(

@@ -36,11 +36,12 @@ from typing import Callable
 
 import torch
 
-from gdngen.terms import variant_pair
+from gdngen.terms import conv_step_name, variant_pair
 
 from .checks import Call, check_call, check_index_values
 from .compile import CompileKey
 from .conv_checks import conv_weight_view as kernel_conv_weight
+from .conv_step import ConvRows, SplitLaunch, conv_step_key, conv_step_module, without_prologue
 from .info import TargetInfo
 from .kernel_args import CHECKED, KEYWORDS, RUN_TIME_ARGS
 from .store import kernel_for
@@ -219,10 +220,21 @@ def _generated_call():
 
 
 @dataclass(frozen=True)
+class Choice:
+    """What the dispatch picked for a call: the variant, and for a call with the conv1d
+    prologue whether the conv runs as a kernel of its own first (gdngen.runtime.conv_step)."""
+
+    variant: str
+    split_conv: bool = False
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a call of one signature launches."""
 
     variant: str
+    #: the compiled kernel, called with the launch's arguments; in the split plan, the conv
+    #: step and then the kernel (gdngen.runtime.conv_step.SplitLaunch)
     kernel: object
     scale: float
     #: the gated RMSNorm's eps (the kernel's run-time argument; unused without the epilogue)
@@ -231,8 +243,11 @@ class Plan:
     head_shape: tuple[int, int]
     output_dtype: torch.dtype
     device: torch.device
-    #: the conv1d prologue's reader counts (gdngen.runtime.workspace); None without it
+    #: the conv1d prologue's reader counts (gdngen.runtime.workspace); None without it (and in
+    #: the split plan, whose conv step counts no readers)
     conv_arrivals: torch.Tensor | None = None
+    #: whether the conv1d step runs as a kernel of its own (the split plan)
+    split_conv: bool = False
 
 
 class DecodeCall:
@@ -258,7 +273,7 @@ class DecodeCall:
         self,
         name: str,
         info: Callable[[], TargetInfo],
-        choose: Callable[[Call], str],
+        choose: Callable[[Call], Choice],
         kernels_package: Callable[[], str],
     ) -> None:
         self.__name__ = self.__qualname__ = name
@@ -283,25 +298,45 @@ class DecodeCall:
             raise ValueError(wrong_gpu_message(info, arch, device_name, package))
         if check_indices:
             check_index_values(call)
-        variant = self._choose(call)
+        choice = self._choose(call)
+        variant = choice.variant
         layout, state_dtype = variant_pair(variant)
         if (layout, state_dtype) != (call.layout, call.state_dtype):
             raise ValueError(
                 f"state: variant {variant} is a {layout} {state_dtype} kernel; the call passes "
                 f"a {call.layout} {call.state_dtype} state"
             )
-        kernel = kernel_for(
-            f"{self._kernels_package()}.{variant}", CompileKey.for_call(variant, arch, call)
-        )
+        key = CompileKey.for_call(variant, arch, call)
+        split = choice.split_conv and call.conv is not None
+        q = arguments["q"]
+        if split:
+            kernel = self._split_launch(key, call, q)
+        else:
+            kernel = kernel_for(f"{self._kernels_package()}.{variant}", key)
         return Plan(
             variant=variant,
             kernel=kernel,
             scale=call.scale,
             norm_eps=1e-6 if call.norm is None else call.norm.eps,
             head_shape=(call.HV, call.V),
-            output_dtype=arguments["q"].dtype,
-            device=arguments["q"].device,
-            conv_arrivals=None if call.conv is None else conv_arrivals(call.conv.state, call.H),
+            output_dtype=q.dtype,
+            device=q.device,
+            conv_arrivals=(
+                None if call.conv is None or split else conv_arrivals(call.conv.state, call.H)
+            ),
+            split_conv=split,
+        )
+
+    def _split_launch(self, key: CompileKey, call: Call, q: torch.Tensor) -> SplitLaunch:
+        """The split plan's kernels for a call with the conv1d prologue, and its workspace, with
+        views for this call's token rows made now (outside any capture)."""
+        step = conv_step_module(self._kernels_package(), key.arch)
+        rows = ConvRows(call.H, call.K, call.HV, call.V, q.dtype, q.device)
+        rows.views(q.shape[0], q.shape[1])
+        return SplitLaunch(
+            kernel_for(step, conv_step_key(key, step.rpartition(".")[2])),
+            kernel_for(f"{self._kernels_package()}.{key.variant}", without_prologue(key)),
+            rows,
         )
 
     __call__ = _generated_call()
@@ -346,7 +381,8 @@ class DecodeCall:
         **options,
     ) -> str:
         """Check the inputs and get the kernel that a call with them would launch, without
-        launching it (do this before capturing a CUDA graph). Returns the variant's name."""
+        launching it (do this before capturing a CUDA graph). Returns the variant's name; where
+        the split plan runs the conv1d step first, ``"conv_step_sm90 + <variant>"``."""
         arguments = dict(
             self.CHECKED, q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b
         )
@@ -360,8 +396,11 @@ class DecodeCall:
         if needs_views(q, mixed_qkv, cu_seqlens, a, b, output, z):
             lifted = self._views(q, k, v, a, b, output, mixed_qkv, cu_seqlens, z)
             arguments.update(zip(("q", "k", "v", "a", "b", "output", "z"), lifted))
-        with launch_device(q):
-            return self._plan(arguments).variant
+        with launch_device(arguments["q"]):
+            plan = self._plan(arguments)
+        if plan.split_conv:
+            return f"{conv_step_name(device_arch(plan.device))} + {plan.variant}"
+        return plan.variant
 
     def signatures(self) -> int:
         """How many call signatures this call has planned (tests use it)."""

@@ -14,7 +14,7 @@ from gdngen.dispatch import CallShape, Rule, select
 from .checks import Call
 from .forms import MODES, Form, compile_keys, key_mode
 from .info import TargetInfo
-from .launcher import DecodeCall
+from .launcher import Choice, DecodeCall
 from .store import find_kernel
 
 __all__ = ["TableChoice", "Target", "TargetInfo", "WarmupSummary"]
@@ -156,22 +156,41 @@ class Target:
             )
         return rule
 
-    def _choose(self, call: Call) -> str:
-        shape = CallShape(
+    def _shape(self, call: Call, conv1d: bool) -> CallShape:
+        return CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads,
-            call.stores_token_states, (call.K, call.V), call.fused, call.conv is not None, call.HV,
+            call.stores_token_states, (call.K, call.V), call.fused, conv1d, call.HV,
             call.packed, call.per_token_slots,
         )  # fmt: skip
-        return self._rule(self._device_table(call.pool.device), shape).use
 
-    def variant(self, name: str) -> DecodeCall:
-        """One variant's call, with no dispatch (for tests, benchmarks and pinning)."""
+    def _choose(self, call: Call) -> Choice:
+        rule = self._rule(self._device_table(call.pool.device), self._shape(call, bool(call.conv)))
+        return Choice(rule.use, rule.split_conv)
+
+    def split_conv_call(self) -> DecodeCall:
+        """``gdn_decode`` with every conv1d call on the split plan: the conv step, then the
+        variant the dispatch picks for the same call without the prologue (for tests and
+        benchmarks that compare the plans; gdngen.runtime.conv_step)."""
+
+        def choose(call: Call) -> Choice:
+            rule = self._rule(self._device_table(call.pool.device), self._shape(call, False))
+            return Choice(rule.use, split_conv=True)
+
+        return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
+
+    def variant(self, name: str, split_conv: bool = False) -> DecodeCall:
+        """One variant's call, with no dispatch (for tests, benchmarks and pinning); with
+        ``split_conv``, a conv1d call runs the conv step first, then the variant without the
+        prologue (gdngen.runtime.conv_step)."""
         if name not in self.variants:
             raise ValueError(
                 f"variant: {name!r} is not a variant of target {self.info.name}; "
                 f"it has {', '.join(self.variants)}"
             )
-        return DecodeCall(name, lambda: self.info, lambda call: name, lambda: self.kernels_package)
+        choice = Choice(name, split_conv)
+        return DecodeCall(
+            name, lambda: self.info, lambda call: choice, lambda: self.kernels_package
+        )
 
     def warmup(
         self,

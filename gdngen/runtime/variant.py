@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from .launcher import DecodeCall
+from .launcher import Choice, DecodeCall
 
 
 def bind_variant(module_name: str) -> DecodeCall:
@@ -16,4 +16,4 @@ def bind_variant(module_name: str) -> DecodeCall:
     def info():
         return importlib.import_module(target_package).INFO
 
-    return DecodeCall(variant, info, lambda call: variant, lambda: kernels_package)
+    return DecodeCall(variant, info, lambda call: Choice(variant), lambda: kernels_package)

@@ -34,7 +34,11 @@ def expected_of(args: dict, problem: PackedProblem, pool_before, cache_before):
     )  # fmt: skip
 
 
-def check_against(expected, out, pool, cache, problem: PackedProblem, pool_before, cache_before):
+def check_against(
+    expected, out, pool, cache, problem: PackedProblem, pool_before, cache_before,
+    inputs_rounded_to=None,
+):  # fmt: skip
+    """``inputs_rounded_to``: see tests.compare.assert_close (the split conv plan's states)."""
     io = torch.bfloat16
     state_dtype = TORCH_DTYPES[problem.state_dtype]
     out4 = out if out.dim() == 4 else out[None]
@@ -44,13 +48,19 @@ def check_against(expected, out, pool, cache, problem: PackedProblem, pool_befor
     assert (out4[padded] == 0).all(), "padded rows must have zero output"
 
     changed = (expected.pool != pool_before).flatten(1).any(1)
-    assert_close("written states", pool[changed], expected.pool[changed].double(), state_dtype)
+    assert_close(
+        "written states", pool[changed], expected.pool[changed].double(), state_dtype,
+        inputs_rounded_to,
+    )  # fmt: skip
     assert torch.equal(
         pool[~changed], pool_before[~changed]
     ), "a slot the call does not own changed"
     if cache is not None:
         filled = ~torch.isnan(expected.cache.float())
-        assert_close("cached states", cache[filled], expected.cache[filled].double(), state_dtype)
+        assert_close(
+            "cached states", cache[filled], expected.cache[filled].double(), state_dtype,
+            inputs_rounded_to,
+        )  # fmt: skip
         assert torch.isnan(
             cache[~filled].float()
         ).all(), "a cache entry the call does not own was written"

@@ -1,6 +1,13 @@
 """The conv1d prologue (features.conv1d_widths) on a GPU, against the float64 reference: the
 causal conv1d update of gdngen.reference.conv, then the recurrence (and the gated RMSNorm where
-the call fuses it), with both states checked slot by slot."""
+the call fuses it), with both states checked slot by slot.
+
+Every test runs both plans of a conv1d call (docs/design.md, "The conv1d step apart"): the conv
+fused into the decode kernel, and the conv step as a kernel of its own (the split plan), whose
+workspace holds the convolved rows in q's dtype: for it the reference's conv outputs are
+rounded to that dtype once, as the workspace rounds them."""
+
+import sys
 
 import pytest
 import torch
@@ -8,8 +15,8 @@ import torch
 import generated.h200 as h200
 from gdngen.engines.sglang import SglangGdn
 from gdngen.engines.vllm import VllmGdn
+from gdngen.reference import causal_conv1d_update as reference_conv
 from gdngen.reference import (
-    causal_conv1d_update,
     conv_windows,
     gated_rmsnorm,
     reference_call,
@@ -22,6 +29,41 @@ from tests.gpu.check_call import as_k_last
 from tests.gpu.check_form import check_against, expected_of
 
 pytestmark = pytest.mark.gpu
+
+#: the plan the current test runs (set by the ``plan`` fixture)
+PLAN = "fused"
+SPLIT_CALL = h200.split_conv_call()
+
+
+@pytest.fixture(params=["fused", "split"], autouse=True)
+def plan(request, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "PLAN", request.param)
+    return request.param
+
+
+def core():
+    """The dispatching call, on the current plan."""
+    return h200.gdn_decode if PLAN == "fused" else SPLIT_CALL
+
+
+def pinned(name):
+    """One variant's call, on the current plan."""
+    return h200.variant(name, split_conv=PLAN == "split")
+
+
+def rounded_inputs():
+    """What the split plan's workspace rounds the recurrence's inputs to (None when fused):
+    tests.compare.assert_close's ``inputs_rounded_to``."""
+    return torch.bfloat16 if PLAN == "split" else None
+
+
+def causal_conv1d_update(x, *args, **kwargs):
+    """The reference conv; on the split plan its outputs rounded once to x's dtype."""
+    out, after = reference_conv(x, *args, **kwargs)
+    if PLAN == "split":
+        out = out.to(x.dtype).to(out.dtype)
+    return out, after
+
 
 SERVED = [("k_last", "bf16"), ("k_last", "fp16"), ("k_last", "fp32"), ("v_last", "bf16"),
           ("v_last", "fp16"), ("v_last", "fp32")]  # fmt: skip
@@ -94,7 +136,7 @@ def expected(case, *, H, K, HV, V, activation="silu", z=None, norm_weight=None, 
 
 
 def run_and_check(case, *, H=16, K=128, HV=32, V=128, activation="silu", norm=True, call=None):
-    call = call or h200.gdn_decode
+    call = call or core()
     B, T = case["mixed_qkv"].shape[:2]
     gen = torch.Generator(device="cuda").manual_seed(7)
     z = norm_weight = None
@@ -119,7 +161,7 @@ def run_and_check(case, *, H=16, K=128, HV=32, V=128, activation="silu", norm=Tr
     owned[slots[live]] = True
     state_dtype = pool.dtype
     assert_close("final state", as_k_last(pool[slots[live]], case["state_layout"]),
-                 ref.final_state[live], state_dtype)  # fmt: skip
+                 ref.final_state[live], state_dtype, rounded_inputs())  # fmt: skip
     assert torch.equal(pool[~owned], pool_before[~owned]), "a recurrent slot not owned changed"
     # The new conv columns are inputs or kept columns, moved: exact.
     assert torch.equal(case["conv_state"][owned], conv_after[owned]), "conv state"
@@ -161,7 +203,7 @@ def test_every_core_rule_variant(name):
         B=5, T=2, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, slots=12, padded=(3,),
         conv_layout="channels_last", seed=11,
     )  # fmt: skip
-    run_and_check(case, call=h200.variant(name))
+    run_and_check(case, call=pinned(name))
 
 
 # (kernel, H, HV): a key head's q/k conv state is read by (HV / H) * (V / tile_v) CTAs, which
@@ -192,9 +234,9 @@ def test_every_reader_count_of_a_key_head(name, H, HV, tokens, norm):
         slots=11, padded=(2,), conv_layout="channels_last" if tokens > 1 else "channels_first",
         seed=HV + tokens,
     )  # fmt: skip
-    run_and_check(case, H=H, HV=HV, norm=norm, call=h200.variant(name))
+    run_and_check(case, H=H, HV=HV, norm=norm, call=pinned(name))
     # A second call goes on from the states the first one left (and the count back at zero).
-    run_and_check(case, H=H, HV=HV, norm=norm, call=h200.variant(name))
+    run_and_check(case, H=H, HV=HV, norm=norm, call=pinned(name))
 
 
 @pytest.mark.parametrize("width", [2, 3, 4])
@@ -226,12 +268,12 @@ def test_repeated_calls_and_graph_replay():
         run_and_check(make_case(B=5, T=2, slots=11, padded=(3,), seed=100 + step))
     case = make_case(B=5, T=1, slots=11, padded=(3,), seed=200)
     fresh = make_case(B=5, T=1, slots=11, padded=(3,), seed=201)
-    h200.gdn_decode(**case)  # plan outside the capture
+    core()(**case)  # plan outside the capture
     graph_case = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, _ = h200.gdn_decode(**graph_case)
+        out, _ = core()(**graph_case)
     for key, value in fresh.items():
         if isinstance(value, torch.Tensor):
             graph_case[key].copy_(value)
@@ -275,7 +317,7 @@ def test_packed_mixed_lengths(T):
         out, ref, conv_after = expected(one, H=H, K=K, HV=HV, V=V)
         pool_ref, conv_ref = ref.pool, conv_after
         outs.append(out[0])
-    got, _ = h200.gdn_decode(
+    got, _ = core()(
         mixed_qkv=mixed, a=a, b=b, A_log=case["A_log"], dt_bias=case["dt_bias"],
         initial_state=pool, initial_state_indices=slots, cu_seqlens=cu.cuda(), max_seqlen=T,
         conv_state=conv, conv_weight=case["conv_weight"], conv_bias=case["conv_bias"],
@@ -292,7 +334,7 @@ def test_disable_state_update_leaves_both_states():
     pool, conv = case["initial_state"], case["conv_state"]
     pool_before, conv_before = pool.clone(), conv.clone()
     ref_out, ref, _ = expected(case, H=16, K=128, HV=32, V=128)
-    out, _ = h200.gdn_decode(**case, disable_state_update=True)
+    out, _ = core()(**case, disable_state_update=True)
     torch.cuda.synchronize()
     assert_close("output", out[ref.live], ref_out[ref.live], torch.bfloat16)
     assert torch.equal(pool, pool_before), "the recurrent state changed"
@@ -320,7 +362,7 @@ def test_separate_write_slots():
         q, k, v, pool_before, case["A_log"], case["a"], case["dt_bias"], case["b"],
         read_slots=reads.long(), write_slots=writes.long(),
     )  # fmt: skip
-    out, _ = h200.gdn_decode(**case, output_state_indices=writes)
+    out, _ = core()(**case, output_state_indices=writes)
     torch.cuda.synchronize()
     assert_close("output", out[live], ref.output[live], torch.bfloat16)
     assert (out[~live] == 0).all()
@@ -396,9 +438,9 @@ def test_vllm_spec_decode(tokens, state_dtype):
     )  # fmt: skip
     args = spec_decode_case(problem, seed=tokens)
     expected_call, conv_after, pool_before = spec_decode_expected(args, problem)
-    out, pool = h200.gdn_decode(**args)
+    out, pool = core()(**args)
     torch.cuda.synchronize()
-    check_against(expected_call, out, pool, None, problem, pool_before, None)
+    check_against(expected_call, out, pool, None, problem, pool_before, None, rounded_inputs())
     assert torch.equal(args["conv_state"], conv_after), "conv state"
 
 
@@ -408,11 +450,11 @@ def test_vllm_spec_decode_graph_replay():
     problem = PackedProblem(sequences=9, tokens=4, HV=32, mixed_qkv=True, mixed_lengths=True,
                             padded_rows=(3,), seed=50)  # fmt: skip
     args = spec_decode_case(problem, seed=50)
-    h200.gdn_decode(**args)  # plan outside the capture
+    core()(**args)  # plan outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, _ = h200.gdn_decode(**args)
+        out, _ = core()(**args)
     gen = torch.Generator(device="cuda").manual_seed(51)
     order = torch.randperm(9, generator=gen, device="cuda")
     table, accepted, cu = (
@@ -428,7 +470,16 @@ def test_vllm_spec_decode_graph_replay():
     expected_call, conv_after, pool_before = spec_decode_expected(args, problem)
     graph.replay()
     torch.cuda.synchronize()
-    check_against(expected_call, out, args["initial_state"], None, problem, pool_before, None)
+    check_against(
+        expected_call,
+        out,
+        args["initial_state"],
+        None,
+        problem,
+        pool_before,
+        None,
+        rounded_inputs(),
+    )
     assert torch.equal(args["conv_state"], conv_after), "conv state"
 
 
@@ -443,7 +494,7 @@ def test_vllm_decode_core_adapter():
     gen = torch.Generator(device="cuda").manual_seed(61)
     z = torch.randn(total, 32, 128, generator=gen, device="cuda").bfloat16()
     norm_weight = (1 + 0.5 * torch.randn(128, generator=gen, device="cuda")).bfloat16()
-    out = VllmGdn(h200.gdn_decode).decode_core(
+    out = VllmGdn(core()).decode_core(
         args["mixed_qkv"], args["a"], args["b"], args["A_log"], args["dt_bias"],
         args["initial_state"], args["initial_state_indices"], args["conv_state"],
         args["conv_weight"], args["conv_bias"], z, norm_weight, 1e-6,
@@ -515,7 +566,7 @@ def test_verify_cache_with_conv_windows(windows_layout, update):
         q, k, v, pool_before, case["A_log"], case["a"], case["dt_bias"], case["b"],
         read_slots=slots, disable_state_update=not update, cache=cache.clone(),
     )  # fmt: skip
-    out, _ = h200.gdn_decode(
+    out, _ = core()(
         **case, intermediate_states_buffer=cache, intermediate_conv_windows=windows,
         disable_state_update=not update,
     )  # fmt: skip
@@ -586,7 +637,7 @@ def test_sglang_verify_core_with_conv_windows(tokens):
     gen = torch.Generator(device="cuda").manual_seed(90 + tokens)
     z = torch.randn(total, 32, 128, generator=gen, device="cuda").bfloat16()
     norm_weight = (1 + 0.5 * torch.randn(128, generator=gen, device="cuda")).bfloat16()
-    out = SglangGdn(h200.gdn_decode).decode_core(
+    out = SglangGdn(core()).decode_core(
         args["mixed_qkv"], args["a"], args["b"], args["A_log"], args["dt_bias"], pool,
         args["initial_state_indices"], conv, args["conv_weight"], args["conv_bias"], z,
         norm_weight, 1e-6, query_start_loc=args["cu_seqlens"],
@@ -615,11 +666,11 @@ def test_verify_cache_with_conv_windows_graph_replay():
     )  # fmt: skip
     args, windows, held = sglang_verify_case(problem, seed=95)
     call = dict(args, intermediate_conv_windows=windows)
-    h200.gdn_decode(**call)
+    core()(**call)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        h200.gdn_decode(**call)
+        core()(**call)
     held.fill_(float("nan"))
     rows = args["intermediate_state_indices"]
     rows.copy_(torch.tensor([11, -1, 0, 7, 3], dtype=rows.dtype, device="cuda"))

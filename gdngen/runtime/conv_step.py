@@ -1,0 +1,152 @@
+"""The split plan of a fused-core call: the conv1d step as a kernel of its own, then the decode
+kernel without the prologue (docs/design.md, "The conv1d step apart").
+
+A dispatch rule with ``split_conv`` names the decode variant that runs after the step. The plan
+holds both kernels and the workspace between them: the convolved q, k and v rows, in q's dtype,
+as one ``[lead, tokens, 2HK + HV*V]`` buffer per plan (the conv's channel order), made when a
+signature is planned and grown (never freed: a captured CUDA graph may hold it) only outside a
+capture. The launch hands the decode kernel views of it in place of q, k and v, and no conv
+tensors.
+
+Calls of one signature running at once on different streams would share the workspace; as with
+the states themselves, an engine runs a layer's calls in order on one stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import torch
+
+from gdngen.terms import conv_step_name
+
+from .compile import CompileKey, fake_arguments
+from .kernel_args import KERNEL_ARGS, RUN_TIME_ARGS
+
+#: the conv step's parameters, in ``launch``'s order (gdngen.device.conv_step), and where each
+#: comes from: a decode kernel's run-time argument of that name, the workspace, or a size
+INPUTS = ("q", "k", "v")
+OUTPUTS = ("q_out", "k_out", "v_out")
+INDICES = ("read_slots", "write_slots", "num_accepted", "cu_seqlens", "cache_rows")
+SIZES = ("pool_size", "cache_count")
+CONV = ("conv_state", "conv_weight", "conv_bias", "conv_windows")
+OPTIONS = (
+    "T", "null_slot", "per_token_slots", "uniform_rows", "write_state", "conv_activation",
+)  # fmt: skip
+
+#: where the decode kernel's run-time arguments sit in a launch tuple
+_AT = {arg.name: index for index, arg in enumerate(RUN_TIME_ARGS)}
+_PROLOGUE_ONLY = ("conv_state", "conv_weight", "conv_bias", "conv_arrivals", "conv_windows")
+
+
+def conv_step_module(kernels_package: str, arch: str) -> str:
+    return f"{kernels_package}.{conv_step_name(arch)}"
+
+
+def conv_step_key(key: CompileKey, variant: str) -> CompileKey:
+    """The conv step's key from the call's (with the prologue): what the step does not read is
+    set to one value, so that calls differing only there share one binary."""
+    return replace(
+        key, variant=variant, gate_dtype="fp32", dt_bias_dtype="fp32", state_dtype="fp32",
+        separate_write_slots=key.separate_write_slots, use_qk_l2norm=False,
+        exact_slot_table=False, norm_activation=None, norm_weight_dtype=None,
+    )  # fmt: skip
+
+
+def without_prologue(key: CompileKey) -> CompileKey:
+    """The decode kernel's key in the split plan: the call's, without the conv1d prologue."""
+    return replace(key, conv_width=None, conv_bias=False, conv_activation=None)
+
+
+def fake_conv_step_arguments(key: CompileKey) -> list:
+    """Stand-ins for the conv step's ``launch`` arguments (its order: INPUTS, OUTPUTS, INDICES,
+    SIZES, CONV, OPTIONS, the stream), from the decode kernel's stand-ins for the same key."""
+    import cutlass
+
+    # The recurrent pool's layout does not matter: the step reads no state, only its size.
+    names = [arg.name for arg in KERNEL_ARGS] + ["stream"]
+    inputs = dict(zip(names, fake_arguments(key, "k_last")))
+    outputs = dict(zip(names, fake_arguments(key, "k_last")))
+    sizes = [cutlass.Int64(0) for _ in SIZES]  # run-time values: any stands in
+    options = dict(
+        T=key.tokens, null_slot=key.null_slot, per_token_slots=key.per_token_slots,
+        uniform_rows=key.uniform_rows, write_state=key.write_final_state or key.per_token_slots,
+        conv_activation=key.conv_activation,
+    )  # fmt: skip
+    return [
+        *(inputs[name] for name in INPUTS),
+        *(outputs[name] for name in INPUTS),
+        *(inputs[name] for name in INDICES),
+        *sizes,
+        *(inputs[name] for name in CONV),
+        *(options[name] for name in OPTIONS),
+        inputs["stream"],
+    ]
+
+
+class ConvRows:
+    """The workspace of one plan: the convolved rows, and views of it as q, k and v."""
+
+    def __init__(self, H: int, K: int, HV: int, V: int, dtype: torch.dtype, device) -> None:
+        self.H, self.K, self.HV, self.V = H, K, HV, V
+        self.channels = 2 * H * K + HV * V
+        self.dtype, self.device = dtype, device
+        self._buffers: list[torch.Tensor] = []  # every buffer made, the newest last
+        self._views: dict[tuple[int, int], tuple] = {}
+        self._lock = threading.Lock()
+
+    def views(self, lead: int, tokens: int) -> tuple:
+        """(q, k, v) views of ``[lead, tokens]`` rows of the workspace."""
+        found = self._views.get((lead, tokens))
+        if found is None:
+            with self._lock:
+                found = self._views[(lead, tokens)] = self._make_views(lead, tokens)
+        return found
+
+    def _make_views(self, lead: int, tokens: int) -> tuple:
+        size = lead * tokens * self.channels
+        if not self._buffers or self._buffers[-1].numel() < size:
+            if (
+                torch.device(self.device).type == "cuda"
+                and torch.cuda.is_current_stream_capturing()
+            ):
+                raise RuntimeError(
+                    f"mixed_qkv: the split conv plan needs a workspace of {lead} x {tokens} "
+                    "token rows, more than this signature was planned with; a CUDA graph "
+                    "capture cannot allocate it. Call gdn_decode once with the largest token "
+                    "count before capturing"
+                )
+            self._buffers.append(torch.empty(size, dtype=self.dtype, device=self.device))
+        rows = self._buffers[-1][:size].view(lead, tokens, self.channels)
+        HK = self.H * self.K
+        return (
+            rows[..., :HK].unflatten(-1, (self.H, self.K)),
+            rows[..., HK : 2 * HK].unflatten(-1, (self.H, self.K)),
+            rows[..., 2 * HK :].unflatten(-1, (self.HV, self.V)),
+        )
+
+
+class SplitLaunch:
+    """The split plan's kernel: called with the decode kernel's run-time arguments (as the fused
+    plan's kernel is), it runs the conv step, then the decode kernel on the workspace."""
+
+    def __init__(self, conv_step, kernel, rows: ConvRows) -> None:
+        self.conv_step, self.kernel, self.rows = conv_step, kernel, rows
+
+    def __call__(self, *arguments) -> None:
+        q, k, v = arguments[_AT["q"]], arguments[_AT["k"]], arguments[_AT["v"]]
+        q_out, k_out, v_out = self.rows.views(q.shape[0], q.shape[1])
+        pool = arguments[_AT["state"]]
+        cache = arguments[_AT["cache"]]
+        self.conv_step(
+            q, k, v, q_out, k_out, v_out,
+            *(arguments[_AT[name]] for name in INDICES),
+            pool.shape[0], 0 if cache is None else cache.shape[0],
+            *(arguments[_AT[name]] for name in CONV),
+        )  # fmt: skip
+        rest = list(arguments)
+        rest[_AT["q"]], rest[_AT["k"]], rest[_AT["v"]] = q_out, k_out, v_out
+        for name in _PROLOGUE_ONLY:
+            rest[_AT[name]] = None
+        self.kernel(*rest)

@@ -1,0 +1,173 @@
+"""The split plan of a fused-core call without a GPU (docs/design.md, "The conv1d step apart"):
+the conv step compiled for every target that has the prologue and in every slot form, the rule
+that picks the plan, the workspace's views, and what each of the two kernels is launched with."""
+
+import dataclasses
+import importlib
+import re
+
+import pytest
+import torch
+
+from gdngen.dispatch import CallShape, Range, Rule, select
+from gdngen.runtime.compile import CompileKey, compile_kernel
+from gdngen.runtime.conv_step import (
+    ConvRows,
+    SplitLaunch,
+    conv_step_key,
+    conv_step_module,
+    without_prologue,
+)
+from gdngen.runtime.kernel_args import RUN_TIME_ARGS
+from gdngen.spec import load_spec
+from gdngen.terms import conv_step_name
+from tests.spec_helpers import SPEC_PATH
+
+#: every target whose spec has the prologue, and its SM
+TARGETS = [("h200", "sm_90a"), ("b200", "sm_100a"), ("b300", "sm_103a"),
+           ("rtx_blackwell", "sm_120a"), ("dgx_spark", "sm_121a")]  # fmt: skip
+
+
+def step_key(arch="sm_90a", **changes) -> CompileKey:
+    """A conv step key for H 16 / HV 32, K = V = 128, width 4 with a bias, silu, [B] slots."""
+    fields = dict(
+        variant=conv_step_name(arch), arch=arch, tokens=1, H=16, HV=32, K=128, V=128,
+        io_dtype="bf16", gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype="bf16",
+        index_dtype="int32", separate_write_slots=False, cache=False, write_final_state=True,
+        use_qk_l2norm=True, conv_width=4, conv_bias=True, conv_activation="silu",
+    )  # fmt: skip
+    fields.update(changes)
+    return conv_step_key(CompileKey(**fields), conv_step_name(arch))
+
+
+def step_module(target: str, arch: str):
+    return importlib.import_module(conv_step_module(f"generated.{target}.kernels", arch))
+
+
+@pytest.mark.parametrize("target,arch", TARGETS)
+def test_every_target_with_the_prologue_has_a_conv_step_that_compiles(target, arch):
+    spec = load_spec(SPEC_PATH.parent / f"{target}.yaml")
+    assert spec.features.conv1d_widths, f"{target} has no conv1d prologue"
+    assert compile_kernel(step_module(target, arch), step_key(arch, tokens=2)) is not None
+
+
+FORMS = {
+    "dense": dict(),
+    "packed_short_rows": dict(cu_seqlens_dtype="int32", tokens=4),
+    "uniform_rows": dict(cu_seqlens_dtype="int64", tokens=3, uniform_rows=True),
+    "vllm_spec_decode": dict(
+        per_token_slots=True, num_accepted=True, null_slot=0, cu_seqlens_dtype="int32",
+        write_final_state=False, tokens=4,
+    ),
+    "separate_write_slots": dict(separate_write_slots=True, index_dtype="int64"),
+    "no_state_update": dict(write_final_state=False, tokens=2),
+    "sglang_verify_cache": dict(
+        cache=True, cache_rows=True, write_final_state=False, cu_seqlens_dtype="int32", tokens=8,
+    ),
+    "dense_state_width_2_identity": dict(index_dtype=None, conv_width=2, conv_bias=False,
+                                         conv_activation="identity", tokens=8),
+    "head_dims_256": dict(K=256, V=256, H=8, HV=16, conv_width=3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_conv_step_compiles_in_every_call_form(form, tmp_path):
+    compile_kernel(step_module("h200", "sm_90a"), step_key(**FORMS[form]), dump_dir=tmp_path)
+    (ptx,) = tmp_path.glob("*.ptx")
+    text = ptx.read_text()
+    # Each channel is read and written by one thread: no reader count, no fence.
+    assert not re.search(r"^\s*(atom|red|fence|membar)\.", text, re.M)
+    stores = len(re.findall(r"^\s*st\.global", text, re.M))
+    # at least the outputs of the three parts (q, k, v), a store each per token
+    assert stores >= 3 * FORMS[form].get("tokens", 1)
+
+
+def test_the_step_key_ignores_what_the_step_does_not_read():
+    a = step_key(state_dtype="fp32", gate_dtype="bf16", use_qk_l2norm=True)
+    b = step_key(state_dtype="bf16", gate_dtype="fp32", use_qk_l2norm=False)
+    assert a == b
+    assert step_key(tokens=2) != a and step_key(conv_width=3) != a
+
+
+def test_the_decode_kernel_of_the_split_plan_has_no_prologue():
+    key = dataclasses.replace(step_key(), variant="kl_fp32_tv32_ilp8_vec4_tpg32_sm90")
+    rest = without_prologue(key)
+    assert (rest.conv_width, rest.conv_bias, rest.conv_activation) == (None, False, None)
+    assert dataclasses.replace(rest, conv_width=4, conv_bias=True, conv_activation="silu") == key
+
+
+def rule(**changes) -> Rule:
+    fields = dict(layout="k_last", state_dtype="fp32", tokens=Range(1, 1), batch_heads=Range(1),
+                  gated_norm=True, conv1d=True, use="kl_fp32_tv32_ilp8_vec4_tpg32_sm90")  # fmt: skip
+    fields.update(changes)
+    return Rule(**fields)
+
+
+def test_a_split_rule_serves_conv1d_calls_only():
+    with pytest.raises(ValueError, match=r"split_conv: .*conv1d: true.*got conv1d=None"):
+        rule(conv1d=None, split_conv=True)
+    with pytest.raises(ValueError, match=r"got conv1d=False"):
+        rule(conv1d=False, split_conv=True)
+    split = rule(split_conv=True, batch_heads=Range(4096))
+    fused = rule(use="kl_fp32_tv64_ilp8_vec4_tpg32_sm90")
+    shape = CallShape("k_last", "fp32", 1, 8192, False, (128, 128), True, True, 64)
+    assert select([split, fused], shape) is split
+    small = dataclasses.replace(shape, batch_heads=64)
+    assert select([split, fused], small) is fused
+
+
+def test_a_spec_rule_may_split_the_conv_step(tmp_path):
+    spec = load_spec(SPEC_PATH)
+    dump = spec.model_dump()
+    index = next(i for i, r in enumerate(dump["dispatch"]) if r["conv1d"])
+    dump["dispatch"][index]["split_conv"] = True
+    assert spec.model_validate(dump).dispatch[index].split_conv
+    dump["dispatch"][index]["conv1d"] = None
+    with pytest.raises(ValueError, match="split_conv"):
+        spec.model_validate(dump)
+
+
+def test_the_workspace_views_are_the_conv_channels_in_order():
+    rows = ConvRows(H=2, K=4, HV=3, V=8, dtype=torch.float32, device="cpu")
+    q, k, v = rows.views(5, 3)
+    assert (q.shape, k.shape, v.shape) == ((5, 3, 2, 4), (5, 3, 2, 4), (5, 3, 3, 8))
+    base = rows._buffers[-1][: 5 * 3 * rows.channels].view(5, 3, rows.channels)
+    base.copy_(torch.arange(base.numel(), dtype=torch.float32).view_as(base))
+    channels = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=2)
+    assert torch.equal(channels, base)
+    assert rows.views(5, 3)[0] is q  # views made once per (lead, tokens)
+    rows.views(2, 3)  # smaller: the same buffer
+    assert len(rows._buffers) == 1
+    rows.views(9, 3)  # larger: a new buffer; the first stays alive (a graph may hold it)
+    assert len(rows._buffers) == 2
+
+
+def test_the_split_launch_hands_each_kernel_its_arguments():
+    names = [arg.name for arg in RUN_TIME_ARGS]
+    arguments = {name: f"<{name}>" for name in names}
+    q = torch.zeros(2, 1, 2, 4)
+    arguments.update(q=q, k=torch.zeros(2, 1, 2, 4), v=torch.zeros(2, 1, 3, 8),
+                     state=torch.zeros(7, 3, 8, 4), cache=None)  # fmt: skip
+    seen = {}
+    rows = ConvRows(H=2, K=4, HV=3, V=8, dtype=torch.float32, device="cpu")
+    launch = SplitLaunch(
+        lambda *a: seen.setdefault("step", a), lambda *a: seen.setdefault("kernel", a), rows
+    )
+    launch(*(arguments[name] for name in names))
+    q_out, k_out, v_out = rows.views(2, 1)
+    step = seen["step"]
+    assert step[0] is q and step[3:6] == (q_out, k_out, v_out)
+    assert step[6:11] == tuple(
+        arguments[n] for n in ("read_slots", "write_slots", "num_accepted", "cu_seqlens",
+                               "cache_rows")
+    )  # fmt: skip
+    assert step[11:13] == (7, 0)  # the pool's slots; no verify cache
+    assert step[13:] == tuple(
+        arguments[n] for n in ("conv_state", "conv_weight", "conv_bias", "conv_windows")
+    )
+    kernel = dict(zip(names, seen["kernel"]))
+    assert (kernel["q"], kernel["k"], kernel["v"]) == (q_out, k_out, v_out)
+    for name in ("conv_state", "conv_weight", "conv_bias", "conv_arrivals", "conv_windows"):
+        assert kernel[name] is None
+    for name in ("state", "read_slots", "out", "z", "norm_weight", "scale"):
+        assert kernel[name] is arguments[name]
