@@ -363,7 +363,8 @@ def test_a_startup_worker_starts_cold_whatever_the_shell_set(tmp_path):
 
 def test_core_bench_forms_and_report():
     # The core bench's cells are in vLLM's forms (a per-token table at T > 1), and its report's
-    # ratio is the fastest chain over the fused core, with "-" where a peer skipped a cell.
+    # ratio is the fastest chain over the fused core, with "-" where a peer skipped a cell (the
+    # vLLM chains' column among them: tests/test_vllm_chain_cpu.py).
     from gdngen.bench import core
 
     assert core.core_problem(3, 4, 32, "bf16").slots == "per_token"
@@ -378,7 +379,7 @@ def test_core_bench_forms_and_report():
              us={"fused core": 10.0, "chain (gdngen)": 5.0, "recurrence alone": 8.0}),
     ]  # fmt: skip
     text = core.markdown(records, dict(gpu="X", copy_GBps=1.0, fla_steps="conv, norm"))
-    assert "| 1.50 | 1.250 |" in text and "| 0.50 | 1.250 |" in text
+    assert "| 1.50 | - | 1.250 |" in text and "| 0.50 | - | 1.250 |" in text
     assert "| 5.00 | - | 8.00 |" in text  # FlashInfer skipped the second cell
     assert "geometric mean 0.87x over 2 cells" in text
 

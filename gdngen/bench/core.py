@@ -7,7 +7,8 @@ speculative verify (a ``[B, T]`` per-token slot table with ``num_accepted_tokens
 packed with ``cu_seqlens``), whose every token's state is written to its slot.
 
 - **fused core**: one ``gdn_decode`` call on the pre-conv rows, with the conv1d prologue (its
-  state in vLLM's per-token form at T > 1) and the gated RMSNorm epilogue;
+  state in vLLM's per-token form at T > 1) and the gated RMSNorm epilogue, as dispatched: the
+  fused kernel, or the split plan where a rule says so (its variant column names the plan);
 - **split plan**: gdngen's own conv step, then the decode kernel with the norm fused, in one
   ``gdn_decode`` call on the split plan (``split_conv_call``; docs/design.md, "The conv1d step
   apart"), whatever the dispatch picks;
@@ -16,13 +17,23 @@ packed with ``cu_seqlens``), whose every token's state is written to its slot.
 - **chain (flashinfer)**: the conv kernel, FlashInfer's recurrence in its own form (T > 1: its
   verify with the positional state cache), the norm kernel, where FlashInfer serves the cell; it
   reads its own q/k/v of the same size, as it takes no ``mixed_qkv``;
+- **chain (vllm, triton norm)**, **chain (vllm, inductor norm)**: vLLM's own chain in its call
+  forms, on the same rows, pools and slots (gdngen.bench.vllm_chain): its Triton conv update,
+  its packed-decode recurrence (T > 1: its speculative-decode recurrence), then its FLA-style
+  Triton norm or its Inductor-compiled one; where a bundle of vLLM's source is given
+  (``--vllm-src`` or ``$GDNGEN_VLLM_SRC``, made by ``tools/vllm_bundle.py``);
 - **recurrence alone**: the unfused ``gdn_decode``, for what the fused steps add to it.
 
 The conv and norm kernels are FLA's (gdngen.bench.chain_steps; the norm falls back to torch).
 FLA's conv keeps a dense ``[B, D, W]`` cache; at T > 1 its sequence kernel reads the window and
 returns the final one, which is less than a verify conv writes (every token's input, for the
-roll-back). ``--no-conv`` drops the conv step from every entry. Each cell's fused output is
-checked against the gdngen chain's before timing. Writes ``core.json`` and ``core.md``.
+roll-back). ``--no-conv`` drops the conv step from every entry. The conv state pool has vLLM's
+default layout, a ``[slots, D, columns]`` view of a ``[slots, columns, D]`` buffer
+(``--conv-layout channels_first``: a dense ``[slots, D, columns]`` pool). The geometry is
+Qwen3-Next's (HV = 32) or Qwen3.5's (HV = 64): H = 16 key heads, K = V = 128. Each cell's fused
+output is checked against the gdngen chain's before timing, and so is each vLLM chain's output
+and recurrent pool (its conv pool against the fused call's). Writes ``core.json`` and
+``core.md``.
 """
 
 from __future__ import annotations
@@ -35,13 +46,20 @@ from pathlib import Path
 
 import torch
 
+from gdngen.bench import vllm_chain
 from gdngen.bench.chain_steps import EPS, fla_conv1d, fla_gated_rmsnorm, torch_gated_rmsnorm
 from gdngen.measure.environment import environment
 from gdngen.measure.impls import FlashInfer
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
+from gdngen.measure.vllm_kernels import SOURCE_ENV, VllmKernels, vllm_kernels
 from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
 
 CONV_WIDTH = 4
+#: the key heads and head dims of both served models: Qwen3-Next (HV = 32) and Qwen3.5 (HV = 64)
+KEY_HEADS, HEAD_DIM = 16, 128
+CONV_LAYOUTS = ("channels_last", "channels_first")
+#: a check's relative error must stay below bf16's resolution of a few roundings
+CHECK_TOLERANCE = 2**-7
 #: the bytes one FlashInfer input set moves past which the peer reuses a single set
 PEER_SET_BYTES = 4 << 30
 
@@ -49,14 +67,17 @@ PEER_SET_BYTES = 4 << 30
 def core_problem(batch: int, tokens: int, HV: int, state_dtype: str) -> PackedProblem:
     """vLLM's form of the cell: [B] slots at T = 1, a per-token table at T > 1, slot 0 null."""
     return PackedProblem(
-        sequences=batch, tokens=tokens, HV=HV, state_dtype=state_dtype, mixed_qkv=True,
-        slots="per_token" if tokens > 1 else "row",
+        sequences=batch, tokens=tokens, H=KEY_HEADS, HV=HV, K=HEAD_DIM, V=HEAD_DIM,
+        state_dtype=state_dtype, mixed_qkv=True, slots="per_token" if tokens > 1 else "row",
     )  # fmt: skip
 
 
-def core_inputs(problem: PackedProblem, seed: int, conv: bool) -> dict:
+def core_inputs(problem: PackedProblem, seed: int, conv: bool,
+                conv_layout: str = "channels_first", vllm: bool = False) -> dict:  # fmt: skip
     """One input set: gdn_decode's arguments (on contiguous pre-conv rows), the norm's, and the
-    conv's: the fused call's state pool and FLA's dense cache holding the same windows."""
+    conv's: the fused call's state pool (in ``conv_layout``; the default is the layout the
+    scripts of earlier records ran) and FLA's dense cache holding the same windows; with
+    ``vllm``, what vLLM's calls take beyond them."""
     args = problem.with_(seed=seed).make("cuda")
     gen = torch.Generator(device="cuda").manual_seed(10_000 + seed)
     B, T, H, HV, K, V = (problem.sequences, problem.tokens, problem.H, problem.HV, problem.K,
@@ -75,7 +96,11 @@ def core_inputs(problem: PackedProblem, seed: int, conv: bool) -> dict:
     )
     if conv:
         slots = args["initial_state"].shape[0]
-        pool = randn(slots, channels, CONV_WIDTH - 2 + T)
+        columns = CONV_WIDTH - 2 + T
+        if conv_layout == "channels_last":  # vLLM's default: [slots, columns, D], viewed
+            pool = randn(slots, columns, channels).transpose(1, 2)
+        else:
+            pool = randn(slots, channels, columns)
         table = args["initial_state_indices"].long()
         fla_cache = torch.zeros(B, channels, CONV_WIDTH, dtype=torch.bfloat16, device="cuda")
         if table.dim() == 1:
@@ -89,6 +114,8 @@ def core_inputs(problem: PackedProblem, seed: int, conv: bool) -> dict:
             conv_bias=randn(channels, std=0.2),
             fla_cache=fla_cache,
         )
+    if vllm:
+        vllm_chain.prepare_set(s, conv)
     return s
 
 
@@ -102,11 +129,16 @@ def peer_problem(problem: PackedProblem) -> Problem:
     )  # fmt: skip
 
 
-def run_cell(target, steps, flashinfer, *, batch, tokens, HV, state_dtype, conv) -> dict:
+def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, tokens, HV,
+             state_dtype, conv, conv_layout="channels_last") -> dict:  # fmt: skip
     conv_step, norm_step = steps
     problem = core_problem(batch, tokens, HV, state_dtype)
     pool_bytes = batch * tokens * HV * problem.K * problem.V * TORCH_DTYPES[state_dtype].itemsize
-    sets = [core_inputs(problem, i, conv) for i in range(rotating_sets(2 * pool_bytes))]
+    with_vllm = not isinstance(vllm, str)
+    sets = [
+        core_inputs(problem, i, conv, conv_layout, vllm=with_vllm)
+        for i in range(rotating_sets(2 * pool_bytes))
+    ]
     call = target.gdn_decode
     norm_kwargs = lambda s: dict(z=s["z"], norm_weight=s["norm_weight"], norm_eps=EPS)  # noqa: E731
 
@@ -154,6 +186,10 @@ def run_cell(target, steps, flashinfer, *, batch, tokens, HV, state_dtype, conv)
     plain_variant = call.prepare(**with_rows(first, first["args"]["mixed_qkv"]),
                                  output=first["output"])  # fmt: skip
     error = check_fused(first, fused, chain, conv)
+    vllm_runs = vllm_chains(vllm, problem, conv)
+    vllm_errors = (
+        {} if isinstance(vllm_runs, str) else check_vllm(first, vllm_runs, chain, fused, conv)
+    )
     runs = {"fused core": [lambda s=s: fused(s) for s in sets]}
     split_variant = None
     if conv:
@@ -170,12 +206,41 @@ def run_cell(target, steps, flashinfer, *, batch, tokens, HV, state_dtype, conv)
         skipped = {"chain (flashinfer)": peer}
     else:
         runs["chain (flashinfer)"], skipped = peer, {}
+    if isinstance(vllm_runs, str):
+        skipped.update({vllm_entry(norm): vllm_runs for norm in vllm_chain.NORMS})
+    else:
+        for name, run in vllm_runs.items():
+            runs[name] = [lambda s=s, run=run: run(s) for s in sets]
     runs["recurrence alone"] = [lambda s=s: recurrence(s) for s in sets]
     return dict(
-        batch=batch, tokens=tokens, HV=HV, state_dtype=state_dtype, conv=conv, variant=variant,
-        plain_variant=plain_variant, split_variant=split_variant, error=error, skipped=skipped,
+        batch=batch, tokens=tokens, H=problem.H, HV=HV, K=problem.K, V=problem.V,
+        state_dtype=state_dtype, conv=conv, conv_layout=conv_layout, variant=variant,
+        plain_variant=plain_variant, split_variant=split_variant, error=error,
+        vllm_errors=vllm_errors, skipped=skipped,
         us=time_side_by_side(runs),
     )  # fmt: skip
+
+
+def vllm_entry(norm: str) -> str:
+    return f"chain (vllm, {norm})"
+
+
+def vllm_chains(vllm: VllmKernels | str, problem: PackedProblem, conv: bool) -> dict | str:
+    """vLLM's chain with each of its norms, ``{entry: run(s)}``, or why it is missing."""
+    if isinstance(vllm, str):
+        return vllm
+    if vllm.null_block_id != problem.null_slot:
+        return (
+            f"vLLM {vllm.version} pads with slot {vllm.null_block_id}; the cells pad with "
+            f"slot {problem.null_slot}"
+        )
+    return {
+        vllm_entry(norm): vllm_chain.vllm_chain(
+            vllm, vllm_chain.vllm_norm(vllm, norm), H=problem.H, K=problem.K, V=problem.V,
+            tokens=problem.tokens, conv=conv,
+        )  # fmt: skip
+        for norm in vllm_chain.NORMS
+    }
 
 
 def check_fused(s: dict, fused, chain, conv: bool) -> float:
@@ -193,6 +258,64 @@ def check_fused(s: dict, fused, chain, conv: bool) -> float:
     error = float((fused_out - chained).norm() / chained.norm())
     assert error < 2**-7, f"fused and chained outputs differ: relative error {error:.3g}"
     return error
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor, chunk: int = 1 << 26) -> float:
+    """``|got - expected| / |expected|`` over whole tensors, in float64 a chunk of elements at a
+    time (a pool in float64 at once would not fit beside the sets)."""
+    got, expected = got.reshape(-1), expected.reshape(-1)
+    squares = [0.0, 0.0]
+    for start in range(0, expected.numel(), chunk):
+        e = expected[start : start + chunk].double()
+        squares[0] += float((got[start : start + chunk].double() - e).pow(2).sum())
+        squares[1] += float(e.pow(2).sum())
+    return math.sqrt(squares[0] / squares[1])
+
+
+def state_digest(pool: torch.Tensor, slots: int = 16) -> torch.Tensor:
+    """Each row of the pool's states projected on one fixed random vector, in float64 (``[slots,
+    HV, V]``): what a wrong slot, head, row or column order changes, at a fraction of the pool's
+    size (a copy of a large pool would not fit beside the sets and the check's own copy)."""
+    gen = torch.Generator(device=pool.device).manual_seed(0)
+    weights = torch.randn(pool.shape[-1], generator=gen, device=pool.device, dtype=torch.float64)
+    return torch.cat([part.double() @ weights for part in pool.split(slots)])
+
+
+def check_vllm(s: dict, vllm_runs: dict, chain, fused, conv: bool) -> dict:
+    """Each vLLM chain on the set against the gdngen chain: its output and the recurrent pool it
+    leaves (by state_digest), and the conv pool it leaves against the fused call's (the gdngen
+    chain's conv keeps FLA's dense cache instead). Same inputs and states for all, restored after
+    each. A relative error past CHECK_TOLERANCE fails the run: a wrong argument form shows here."""
+    pool = s["args"]["initial_state"]
+    states = [pool] + ([s["conv_state"], s["fla_cache"]] if conv else [])
+    before = [t.clone() for t in states]
+
+    def restore():
+        for t, b in zip(states, before):
+            t.copy_(b)
+
+    expected_output = chain(s).clone()
+    expected_pool = state_digest(pool)
+    restore()
+    if conv:
+        fused(s)
+        expected_conv = s["conv_state"].clone()
+        restore()
+    errors = {}
+    for name, run in vllm_runs.items():
+        output = run(s)
+        errors[name] = dict(
+            output=relative_error(output, expected_output),
+            state=relative_error(state_digest(pool), expected_pool),
+            conv_state=relative_error(s["conv_state"], expected_conv) if conv else None,
+        )
+        restore()
+        for what, e in errors[name].items():
+            assert e is None or e < CHECK_TOLERANCE, (
+                f"{name}: its {what} differs from the gdngen chain's (conv state: the fused "
+                f"call's): relative error {e:.3g}"
+            )
+    return errors
 
 
 def flashinfer_chain(flashinfer, problem: Problem, sets, convolved, norm_step):
@@ -227,30 +350,52 @@ def split_ratio(us: dict) -> str:
     return f"{us['split plan'] / us['recurrence alone']:.3f}"
 
 
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def markdown(records: list[dict], env: dict) -> str:
+    """The cells as one table: every entry's µs, then the fastest chain (the vLLM chains among
+    them) over the fused call, the faster vLLM chain over it ("-" where vLLM is missing), and the
+    fused call over the recurrence alone."""
     names = list(dict.fromkeys(n for r in records for n in r["us"]))
+    vllm_names = [vllm_entry(norm) for norm in vllm_chain.NORMS]
     lines = [
         f"GPU: {env.get('gpu')}; copy bandwidth {env.get('copy_GBps', 0):.0f} GB/s; "
-        f"FLA steps: {env.get('fla_steps')}",
+        f"FLA steps: {env.get('fla_steps')}; vLLM chain: {env.get('vllm')}; "
+        f"conv state: {env.get('conv_layout')}",
         "",
         "| state | HV | T | B | fused variant | "
         + " | ".join(f"{n} µs" for n in names)
-        + " | fastest chain / fused | fused / recurrence | split / recurrence |",
-        "|" + "---|" * (8 + len(names)),
+        + " | fastest chain / fused | vllm chain / fused | fused / recurrence"
+        + " | split / recurrence |",
+        "|" + "---|" * (9 + len(names)),
     ]
-    ratios = []
+    ratios, vllm_ratios = [], []
     for r in records:
         us = r["us"]
-        best_chain = min(v for n, v in us.items() if n.startswith("chain"))
-        ratios.append(best_chain / us["fused core"])
+        fused = us["fused core"]
+        ratios.append(min(v for n, v in us.items() if n.startswith("chain")) / fused)
+        vllm_us = [us[n] for n in vllm_names if n in us]
+        vllm_cell = "-"
+        if vllm_us:
+            vllm_ratios.append(min(vllm_us) / fused)
+            vllm_cell = f"{vllm_ratios[-1]:.2f}"
         cells = " | ".join(f"{us[n]:.2f}" if n in us else "-" for n in names)
         lines.append(
             f"| {r['state_dtype']} | {r['HV']} | {r['tokens']} | {r['batch']} | `{r['variant']}` "
-            f"| {cells} | {ratios[-1]:.2f} | {us['fused core'] / us['recurrence alone']:.3f} "
-            f"| {split_ratio(us)} |"
+            f"| {cells} | {ratios[-1]:.2f} | {vllm_cell} | "
+            f"{fused / us['recurrence alone']:.3f} | {split_ratio(us)} |"
         )
-    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    lines.append(f"\nfastest chain / fused: geometric mean {geo:.2f}x over {len(records)} cells")
+    lines.append(
+        f"\nfastest chain / fused: geometric mean {geometric_mean(ratios):.2f}x over "
+        f"{len(records)} cells"
+    )
+    if vllm_ratios:
+        lines.append(
+            f"vllm chain / fused: geometric mean {geometric_mean(vllm_ratios):.2f}x over "
+            f"{len(vllm_ratios)} cells"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -263,6 +408,16 @@ def main(argv=None) -> None:
     parser.add_argument("--heads", default="32,64")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--no-conv", action="store_true", help="no conv1d step in any entry")
+    parser.add_argument(
+        "--conv-layout", choices=CONV_LAYOUTS, default="channels_last",
+        help="the conv state pool: vLLM's default view of [slots, columns, D] (channels_last) or "
+        "a dense [slots, D, columns] (channels_first)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--vllm-src", default=None,
+        help=f"vLLM's source for its chain: a folder or .tar.xz that tools/vllm_bundle.py made "
+        f"(default ${SOURCE_ENV}); without it the vLLM chains are reported missing",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     target = importlib.import_module(f"generated.{args.target}")
     conv = not args.no_conv
@@ -270,8 +425,12 @@ def main(argv=None) -> None:
     if conv and fla_conv is None:
         parser.error("the conv step needs FLA (fla.modules.causal_conv1d); or pass --no-conv")
     steps = (fla_conv, fla_norm or torch_gated_rmsnorm)
+    vllm = vllm_kernels(args.vllm_src)
     env = dict(environment(), copy_GBps=copy_bandwidth() / 1e9,
-               fla_steps=("conv, " if conv else "") + ("norm" if fla_norm else "(torch norm)"))  # fmt: skip
+               fla_steps=("conv, " if conv else "") + ("norm" if fla_norm else "(torch norm)"),
+               vllm=f"missing ({vllm})" if isinstance(vllm, str) else vllm.version,
+               conv_layout=args.conv_layout)  # fmt: skip
+    print(f"vLLM chain: {env['vllm']}", flush=True)
     flashinfer = FlashInfer()
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
@@ -279,8 +438,9 @@ def main(argv=None) -> None:
         for HV in map(int, args.heads.split(",")):
             for tokens in map(int, args.tokens.split(",")):
                 for batch in map(int, args.batches.split(",")):
-                    record = run_cell(target, steps, flashinfer, batch=batch, tokens=tokens,
-                                      HV=HV, state_dtype=dtype, conv=conv)  # fmt: skip
+                    record = run_cell(target, steps, flashinfer, vllm, batch=batch,
+                                      tokens=tokens, HV=HV, state_dtype=dtype, conv=conv,
+                                      conv_layout=args.conv_layout)  # fmt: skip
                     records.append(record)
                     torch.cuda.empty_cache()  # the next cell's pools differ in size
                     print(json.dumps(record), flush=True)
