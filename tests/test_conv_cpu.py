@@ -197,6 +197,11 @@ def test_a_conv1d_rule_needs_the_feature_and_the_norm_rules_kernels():
     spec = load_spec(SPEC_PATH)
     dump = spec.model_dump()
     index = next(i for i, rule in enumerate(dump["dispatch"]) if rule["conv1d"])
+    bf16_index = next(
+        i
+        for i, rule in enumerate(dump["dispatch"])
+        if rule["conv1d"] and rule["state_dtype"] == "bf16"
+    )
     # without gated_norm: true
     broken = spec.model_dump()
     broken["dispatch"][index]["gated_norm"] = None
@@ -209,8 +214,8 @@ def test_a_conv1d_rule_needs_the_feature_and_the_norm_rules_kernels():
         spec.model_validate(broken)
     # naming a kernel without the epilogue (the staged solve)
     broken = spec.model_dump()
-    broken["dispatch"][index]["use"] = "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
-    with pytest.raises(ValueError, match=rf"dispatch\[{index}\]\.use: .* has no epilogue"):
+    broken["dispatch"][bf16_index]["use"] = "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
+    with pytest.raises(ValueError, match=rf"dispatch\[{bf16_index}\]\.use: .* has no epilogue"):
         spec.model_validate(broken)
 
 

@@ -171,3 +171,24 @@ def test_the_split_launch_hands_each_kernel_its_arguments():
         assert kernel[name] is None
     for name in ("state", "read_slots", "out", "z", "norm_weight", "scale"):
         assert kernel[name] is arguments[name]
+
+
+def test_each_split_rule_names_the_variant_the_norm_alone_takes():
+    # The split plan was timed (gdngen.bench.core, split_conv_call) with the variant the dispatch
+    # picks for the call without the prologue; a split rule naming another would ship untimed.
+    import generated.h200 as h200
+
+    for table in (h200.dispatch.TABLE, *h200.dispatch.TABLES.values()):
+        split = [rule for rule in table if rule.split_conv]
+        assert split, "the H100/H200 tables have split rules"
+        for rule in split:
+            for tokens in range(rule.tokens.lo, rule.tokens.hi + 1):
+                for batch_heads in {
+                    rule.batch_heads.lo,
+                    rule.batch_heads.hi or 4 * rule.batch_heads.lo,
+                }:
+                    shape = CallShape(
+                        rule.layout, rule.state_dtype, tokens, batch_heads, False,
+                        rule.head_dims, True, False, 64,
+                    )  # fmt: skip
+                    assert select(table, shape).use == rule.use, (rule.source, tokens, batch_heads)
