@@ -49,8 +49,7 @@ def conv_step_key(key: CompileKey, variant: str) -> CompileKey:
     set to one value, so that calls differing only there share one binary."""
     return replace(
         key, variant=variant, gate_dtype="fp32", dt_bias_dtype="fp32", state_dtype="fp32",
-        separate_write_slots=key.separate_write_slots, use_qk_l2norm=False,
-        exact_slot_table=False, norm_activation=None, norm_weight_dtype=None,
+        use_qk_l2norm=False, exact_slot_table=False, norm_activation=None, norm_weight_dtype=None,
     )  # fmt: skip
 
 
