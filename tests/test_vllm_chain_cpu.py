@@ -210,6 +210,31 @@ def test_the_chain_matches_the_reference_in_the_triton_interpreter(request):
         assert case["conv_state"] is None or case["conv_state"] < 1e-6, case
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton's interpreter")
+def test_the_mtp_adapter_matches_vllms_port_in_the_triton_interpreter(request):
+    """vLLM's Triton port of its fused MTP op and gdngen's adapter of it (over the float64
+    stand-in of gdn_decode) on vLLM's inputs (tests/vllm_mtp_interpret.py): each against the
+    float64 reference, and the two against each other."""
+    source = os.environ.get("GDNGEN_VLLM_SRC")
+    if not source:
+        if not WHEELS:
+            pytest.skip("no vLLM source: no wheel in /tmp/vllm, no GDNGEN_VLLM_SRC")
+        source = str(request.getfixturevalue("real_bundle")[2])
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "tests.vllm_mtp_interpret", source], cwd=ROOT,
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    cases = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(cases) == 5
+    for case in cases:
+        assert case["same_slots"] and case["same_untouched_rows"], case
+        assert case["output"] < 1e-5, case  # fp32 outputs: the order of the sums alone
+        # a bf16 state: the port's rounding toward zero (interpreter) against ours to nearest
+        assert case["state"] < (2**-8 if case["case"][2] == "bf16" else 1e-6), case
+
+
 def test_the_platform_stand_in_answers_as_vllm_does_without_a_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     platform = CudaPlatformStandIn()
