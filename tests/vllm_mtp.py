@@ -3,10 +3,10 @@ layer passes them, what the float64 reference says a call must leave behind, and
 everything a call wrote (and that nothing else changed).
 
 The inputs follow ``_forward_core_decode_spec_post_conv_fused_norm`` of vLLM 0.33.0
-(vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py): post-conv ``mixed_qkv`` rows,
-``b`` and ``a`` as the two halves of the ``ba`` projection (row-strided views), the per-token
-table ``[N, 1 + S]`` as a column slice of the block table (int32, slot 0 the null block), the
-output gate as a strided view of the ``qkvz`` projection, a contiguous ``out``. On top of
+(vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py): post-conv ``mixed_qkv`` rows
+and the output gate as column views of one ``qkvz`` buffer, ``a`` and ``b`` as the two halves of
+the ``ba`` projection (row-strided views), the per-token table ``[N, 1 + S]`` as a column slice
+of the block table (int32, slot 0 the null block), a contiguous ``out``. On top of
 gdngen.problem.PackedProblem's rows (every accepted count, padded rows with slot 0, mixed lengths,
 an empty sequence, token-buffer padding past ``cu_seqlens[N]``) one padded row has slot -1 (the
 op's padding test is ``<= 0``) and one live row a null column for a later token (that token
@@ -65,12 +65,14 @@ def mtp_args(case: MtpCase, device: str = "cuda", io_dtype: torch.dtype | None =
     bf16 arithmetic."""
     made = case.problem().make(device)
     HV, V = case.HV, case.V
-    mixed = made["mixed_qkv"]
-    total = mixed.shape[0]
+    total, width = made["mixed_qkv"].shape
     gen = torch.Generator().manual_seed(case.seed + 500)
-    width = mixed.shape[1]
-    projection = torch.randn(total, width + HV * V, generator=gen).to(torch.bfloat16).to(device)
-    output_gate = projection[:, width:].unflatten(-1, (HV, V))  # stride(0): the qkvz row
+    # One qkvz buffer, as the layer splits it: mixed_qkv (the conv writes over its input) and
+    # the output gate are column views of the same rows.
+    qkvz = torch.empty(total, width + HV * V, dtype=torch.bfloat16, device=device)
+    qkvz[:, :width] = made["mixed_qkv"]
+    qkvz[:, width:] = torch.randn(total, HV * V, generator=gen).to(torch.bfloat16).to(device)
+    mixed, output_gate = qkvz[:, :width], qkvz[:, width:].unflatten(-1, (HV, V))
     norm_weight = (1 + 0.5 * torch.randn(V, generator=gen)).to(TORCH_DTYPES[case.norm_weight_dtype])
     table = made["initial_state_indices"]
     accepted = made["num_accepted_tokens"]
