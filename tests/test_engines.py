@@ -7,7 +7,10 @@ last thing it refuses. The expected signatures are read from the wheels of vLLM 
 SGLang 0.5.23 (they cannot be imported without CUDA and Triton).
 """
 
+import ast
 import inspect
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -658,3 +661,265 @@ def test_decode_core_passes_the_targets_checks(engine):
     with pytest.raises(ValueError, match=r"expected a CUDA tensor; got a tensor on cpu"):
         adapter(h200.gdn_decode).decode_core(**args)
     assert compiled_count() == before
+
+
+# -- vLLM fused_gdn_decode_post_conv_mtp -----------------------------------------------------------
+
+# The op's schema, as registered in vllm/_C_stable_libtorch.abi3.so of the vLLM 0.33.0 wheel
+# (read with `strings`); its Python wrapper vllm/_custom_ops.py (what the GDN layer calls on CUDA)
+# takes the same names in the same order, gives `out` the default None (it then allocates
+# empty_like(output_gate)) and `scale` the default 128**-0.5, and returns `out`.
+MTP_SCHEMA = (
+    "fused_gdn_decode_post_conv_mtp(Tensor mixed_qkv, Tensor a, Tensor b, Tensor A_log, "
+    "Tensor dt_bias, Tensor state_indices, Tensor cu_seqlens, Tensor num_accepted_tokens, "
+    "Tensor! state, Tensor output_gate, Tensor norm_weight, Tensor! out, float scale, "
+    "float norm_eps=1e-5, str output_gate_activation='silu') -> ()"
+)
+# (name, default) from vllm/_custom_ops.py's fused_gdn_decode_post_conv_mtp
+VLLM_MTP = [
+    ("mixed_qkv", NO_DEFAULT),
+    ("a", NO_DEFAULT),
+    ("b", NO_DEFAULT),
+    ("A_log", NO_DEFAULT),
+    ("dt_bias", NO_DEFAULT),
+    ("state_indices", NO_DEFAULT),
+    ("cu_seqlens", NO_DEFAULT),
+    ("num_accepted_tokens", NO_DEFAULT),
+    ("state", NO_DEFAULT),
+    ("output_gate", NO_DEFAULT),
+    ("norm_weight", NO_DEFAULT),
+    ("out", None),
+    ("scale", 128**-0.5),
+    ("norm_eps", 1e-5),
+    ("output_gate_activation", "silu"),
+]
+
+
+def _schema_parameters(schema: str) -> list[tuple[str, object]]:
+    """(name, default) of a torch op schema's arguments (NO_DEFAULT where it has none)."""
+    inside = schema[schema.index("(") + 1 : schema.rindex(") ->")]
+    parameters = []
+    for argument in inside.split(", "):
+        declaration, _, default = argument.partition("=")
+        name = declaration.split()[-1]
+        parameters.append((name, NO_DEFAULT if not default else ast.literal_eval(default)))
+    return parameters
+
+
+def test_mtp_signature_is_the_ops():
+    """The schema's names in its order, with its defaults; out and scale default as vLLM's
+    wrapper has them (so the method stands in for the wrapper and for the op); the one addition
+    is the keyword-only uniform_seqlen."""
+    method = VllmGdn.fused_gdn_decode_post_conv_mtp
+    parameters = list(inspect.signature(method).parameters.values())[1:]  # past self
+    positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert [(p.name, p.default) for p in positional] == VLLM_MTP
+    schema = _schema_parameters(MTP_SCHEMA)
+    assert [name for name, _ in schema] == [name for name, _ in VLLM_MTP]
+    for (name, default), (_, ours) in zip(schema, VLLM_MTP):
+        assert default is NO_DEFAULT or default == ours, name
+    extra = {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert extra == {"uniform_seqlen": False}
+    assert len(positional) + len(extra) == len(parameters)
+
+
+#: where the lead's machines keep a downloaded vLLM wheel; CI has none, and skips what needs it
+WHEELS = sorted(Path("/tmp/vllm").glob("vllm-*.whl"))
+
+
+@pytest.mark.skipif(not WHEELS, reason="no vLLM wheel in /tmp/vllm")
+def test_mtp_signature_is_the_wheels():
+    """Where a vLLM wheel is at hand: its wrapper's and its Triton port's parameters, read from
+    the files (not run), are the method's."""
+
+    def parameters(path: str, function: str) -> list[tuple[str, object]]:
+        with zipfile.ZipFile(WHEELS[-1]) as wheel:
+            tree = ast.parse(wheel.read(path).decode())
+        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+        names = [a.arg for a in node.args.args]
+        defaults = [NO_DEFAULT] * (len(names) - len(node.args.defaults))
+        # the defaults are constant expressions (128**-0.5), evaluated with no names in scope
+        defaults += [eval(compile(ast.Expression(d), path, "eval"), {}) for d in node.args.defaults]
+        return list(zip(names, defaults))
+
+    wrapper = parameters("vllm/_custom_ops.py", "fused_gdn_decode_post_conv_mtp")
+    assert wrapper == VLLM_MTP
+    port = parameters(
+        "vllm/third_party/flash_linear_attention/ops/fused_gdn_decode_post_conv_mtp.py",
+        "fused_gdn_decode_post_conv_mtp_triton",
+    )
+    assert [name for name, _ in port] == [name for name, _ in VLLM_MTP]
+
+
+def _mtp_args(total=7, N=2, columns=4):
+    """The layer's tensors in the recorder's small shapes: post-conv rows, b and a as halves of
+    ba, the table as a column slice of the block table, the gate as a view of the projection."""
+    projection = torch.zeros(total, WIDTH + HV * V)
+    ba = torch.zeros(total, 2 * HV)
+    b, a = ba.chunk(2, -1)
+    blocks = torch.arange(N * 6, dtype=i32).view(N, 6)
+    return dict(
+        mixed_qkv=torch.zeros(total, WIDTH),
+        a=a,
+        b=b,
+        A_log=torch.zeros(HV),
+        dt_bias=torch.zeros(HV),
+        state_indices=blocks[:, :columns],
+        cu_seqlens=torch.tensor([0, 4, 7], dtype=i32),
+        num_accepted_tokens=torch.tensor([2, 1], dtype=i32),
+        state=torch.zeros(16, HV, V, K),
+        output_gate=projection[:, WIDTH:].unflatten(-1, (HV, V)),
+        norm_weight=torch.ones(V),
+        out=torch.zeros(total, HV, V),
+        scale=K**-0.5,
+        norm_eps=1e-6,
+        output_gate_activation="sigmoid",
+    )
+
+
+def test_mtp_is_one_packed_per_token_call_with_the_norm():
+    """Every tensor passed on as it came (no copy, no view): mixed_qkv as gdn_decode's
+    mixed_qkv, the table as per-token slots with num_accepted_tokens, slot 0 as padding, T the
+    table's width, q and k always L2-normalised, output_gate as z, the norm's weight, eps and
+    activation, out written in place and returned."""
+    fake = Recorder()
+    args = _mtp_args()
+    returned = VllmGdn(fake).fused_gdn_decode_post_conv_mtp(**args)
+    call = fake.last
+    for ours, theirs in [
+        ("mixed_qkv", "mixed_qkv"), ("a", "a"), ("b", "b"), ("A_log", "A_log"),
+        ("dt_bias", "dt_bias"), ("initial_state", "state"), ("initial_state_indices", "state_indices"),
+        ("num_accepted_tokens", "num_accepted_tokens"), ("cu_seqlens", "cu_seqlens"),
+        ("z", "output_gate"), ("norm_weight", "norm_weight"), ("output", "out"),
+    ]:  # fmt: skip
+        assert call[ours] is args[theirs], ours
+    assert not {"q", "k", "v", "state", "output_state_indices", "disable_state_update"} & set(call)
+    assert not {"intermediate_states_buffer", "conv_state"} & set(call)
+    assert call["null_slot"] == 0 and call["max_seqlen"] == 4
+    assert call["use_qk_l2norm"] is True and call["uniform_seqlen"] is False
+    assert call["scale"] == K**-0.5 and call["norm_eps"] == 1e-6
+    assert call["norm_activation"] == "sigmoid"
+    assert returned is args["out"]
+
+
+def test_mtp_positional_call_and_the_wrappers_defaults():
+    """A positional call with the schema's required arguments (what a torch op call passes), and
+    the wrapper's defaults: out None (gdn_decode allocates it; that is what returns), scale
+    128**-0.5, norm_eps 1e-5, silu."""
+    fake = Recorder()
+    args = _mtp_args()
+    required = [args[name] for name, default in VLLM_MTP if default is NO_DEFAULT]
+    returned = VllmGdn(fake).fused_gdn_decode_post_conv_mtp(*required)
+    call = fake.last
+    assert call["output"] is None and isinstance(returned, torch.Tensor)
+    assert call["scale"] == 128**-0.5 and call["norm_eps"] == 1e-5
+    assert call["norm_activation"] == "silu"
+    positional = [args[name] for name, _ in VLLM_MTP]
+    assert VllmGdn(fake).fused_gdn_decode_post_conv_mtp(*positional) is args["out"]
+
+
+def test_mtp_passes_the_uniform_promise_when_given():
+    fake = Recorder()
+    VllmGdn(fake).fused_gdn_decode_post_conv_mtp(**_mtp_args(8, 2, 4), uniform_seqlen=True)
+    assert fake.last["uniform_seqlen"] is True and fake.last["max_seqlen"] == 4
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(cu_seqlens=None), r"^cu_seqlens: vLLM's op packs the sequences' tokens"),
+        (dict(num_accepted_tokens=None), r"^num_accepted_tokens: vLLM's op reads .* got None"),
+        (
+            dict(state_indices=torch.tensor([1, 2], dtype=i32)),
+            r"^state_indices: vLLM's op takes a per-token slot table \[N, 1 \+ S\] .*got shape \[2\]",
+        ),
+        (dict(state_indices=None), r"^state_indices: .*got NoneType"),
+    ],
+    ids=["no-cu-seqlens", "no-accepted", "row-slots", "no-table"],
+)
+def test_mtp_refusals_name_the_argument(changes, message):
+    fake = Recorder()
+    with pytest.raises(ValueError, match=message):
+        VllmGdn(fake).fused_gdn_decode_post_conv_mtp(**dict(_mtp_args(), **changes))
+    assert fake.calls == []
+
+
+def test_mtp_errors_of_gdn_decode_name_the_ops_argument():
+    for raised_as, named in [
+        ("norm_activation", "output_gate_activation"), ("z", "output_gate"), ("output", "out"),
+        ("initial_state", "state"), ("initial_state_indices", "state_indices"),
+        ("max_seqlen", r"state_indices\.shape\[1\]"), ("q", "mixed_qkv"),
+        ("z/norm_weight", "output_gate/norm_weight"),
+    ]:  # fmt: skip
+        error = ValueError(f"{raised_as}: something")
+        with pytest.raises(ValueError, match=rf"^{named} \(gdn_decode's {raised_as}\): something"):
+            VllmGdn(Recorder(error)).fused_gdn_decode_post_conv_mtp(**_mtp_args())
+
+
+def _real_mtp_args(total=9, N=3, columns=4):
+    """vLLM's tensors on the h200 target's qwen3-next geometry (CPU: every check but the
+    device's passes). Token rows past cu_seqlens[N] are a graph's padding."""
+    projection = torch.zeros(total, RWIDTH + RHV * RV, dtype=bf16)
+    ba = torch.zeros(total, 2 * RHV, dtype=bf16)
+    b, a = ba.chunk(2, -1)
+    blocks = torch.arange(1, 1 + N * 6, dtype=i32).view(N, 6)
+    blocks[1] = 0  # a padded request
+    return dict(
+        mixed_qkv=torch.zeros(total, RWIDTH, dtype=bf16),
+        a=a,
+        b=b,
+        A_log=torch.zeros(RHV),
+        dt_bias=torch.zeros(RHV, dtype=bf16),
+        state_indices=blocks[:, :columns],
+        cu_seqlens=torch.tensor([0, 4, 4, 7], dtype=i32),
+        num_accepted_tokens=torch.tensor([2, 1, 4], dtype=i32),
+        state=torch.zeros(24, RHV, RV, RK, dtype=bf16),
+        output_gate=projection[:, RWIDTH:].unflatten(-1, (RHV, RV)),
+        norm_weight=torch.ones(RV),
+        out=torch.zeros(total, RHV, RV, dtype=bf16),
+        scale=RK**-0.5,
+        norm_eps=1e-6,
+        output_gate_activation="silu",
+    )
+
+
+@pytest.mark.parametrize("state_dtype", [bf16, torch.float32])
+def test_mtp_passes_the_targets_checks(state_dtype):
+    """vLLM's shapes, strides and dtypes (bf16 or fp32 state, fp32 norm weight, bf16 dt_bias)
+    reach the real gdn_decode's last check, the device's: nothing compiled, nothing written."""
+    args = _real_mtp_args()
+    args["state"] = args["state"].to(state_dtype)
+    before = compiled_count()
+    with pytest.raises(ValueError, match=r"expected a CUDA tensor; got a tensor on cpu"):
+        VllmGdn(h200.gdn_decode).fused_gdn_decode_post_conv_mtp(**args)
+    assert compiled_count() == before
+    assert not args["out"].any() and not args["state"].any()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(output_gate_activation="gelu"), r"^output_gate_activation \(gdn_decode's norm_activation\): expected one of"),
+        (dict(out=torch.zeros(9, 1, RHV, RV, dtype=bf16)), r"^out \(gdn_decode's output\)"),
+        (dict(out=torch.zeros(9, RHV, RV)), r"^out \(gdn_decode's output\): expected dtype"),
+        (dict(output_gate=torch.zeros(9, RHV, RV)), r"^output_gate \(gdn_decode's z\): expected dtype bfloat16 \(as q\)"),
+        (dict(output_gate=torch.zeros(8, RHV, RV, dtype=bf16)), r"^output_gate \(gdn_decode's z\)"),
+        (dict(norm_weight=torch.ones(RV, dtype=torch.int32)), r"^norm_weight: expected dtype"),
+        (dict(norm_eps=0.0), r"^norm_eps: expected a finite number > 0"),
+        (dict(state=torch.zeros(24, RHV, RK, RV + 8, dtype=bf16)), r"^state \(gdn_decode's initial_state\)"),
+        (dict(state_indices=torch.ones(3, 12, dtype=i32)), r"^state_indices\.shape\[1\] \(gdn_decode's max_seqlen\): expected 1\.\.8"),
+        (dict(state_indices=torch.ones(2, 4, dtype=i32)), r"^state_indices \(gdn_decode's initial_state_indices\)"),
+        (dict(num_accepted_tokens=torch.ones(3, dtype=torch.int64)), r"^num_accepted_tokens: expected dtype int32"),
+        (dict(cu_seqlens=torch.tensor([0, 4, 7], dtype=i32)), r"^state_indices \(gdn_decode's initial_state_indices\)"),
+        (dict(mixed_qkv=torch.zeros(9, RWIDTH + 128, dtype=bf16)), r"^mixed_qkv: a row width of"),
+    ],
+    ids=["activation", "out-rank", "out-dtype", "gate-dtype", "gate-tokens", "weight-dtype", "eps",
+         "state-shape", "too-wide", "table-rows", "accepted-dtype", "cu-rows", "width"],
+)  # fmt: skip
+def test_mtp_bad_input_is_named_by_the_ops_argument_before_anything_runs(changes, message):
+    args = dict(_real_mtp_args(), **changes)
+    before = compiled_count()
+    with pytest.raises((ValueError, TypeError), match=message):
+        VllmGdn(h200.gdn_decode).fused_gdn_decode_post_conv_mtp(**args)
+    assert compiled_count() == before
+    assert not args["out"].any() and not args["state"].any()

@@ -67,7 +67,7 @@ def _fake_wheel(tmp_path, files: dict[str, str]) -> Path:
 
 
 def test_the_closure_follows_unconditional_top_level_imports_only(tmp_path):
-    conv, recurrent, spec, norm = (module_path(m) for m in KERNEL_MODULES.values())
+    conv, recurrent, spec, norm, mtp = (module_path(m) for m in KERNEL_MODULES.values())
     files = {
         conv: """
             from vllm.platforms import current_platform
@@ -87,6 +87,7 @@ def test_the_closure_follows_unconditional_top_level_imports_only(tmp_path):
                 pass
             """,
         norm: "from vllm.triton_utils import triton\n",
+        mtp: "from vllm.utils.platform_utils import num_compute_units\n",
         "vllm/helpers/tool.py": "x = 1\n",
         "vllm/helpers/__init__.py": "raise RuntimeError('a package __init__ is never run')\n",
         "vllm/envs.py": "",
@@ -160,7 +161,8 @@ def test_the_real_bundle_loads_where_triton_is_installed(real_bundle):
             print(json.dumps(dict(
                 version=kernels.version, null=kernels.null_block_id,
                 functions=[kernels.causal_conv1d_update.__name__, kernels.packed_decode.__name__,
-                           kernels.spec_decode.__name__, kernels.rmsnorm_fn.__name__],
+                           kernels.spec_decode.__name__, kernels.rmsnorm_fn.__name__,
+                           kernels.mtp_decode.__name__],
                 stood_in=stood_in, einops="einops" in sys.modules,
             )))
         """)  # fmt: skip
@@ -179,6 +181,7 @@ def test_the_real_bundle_loads_where_triton_is_installed(real_bundle):
     assert answer["functions"] == [
         "causal_conv1d_update", "fused_recurrent_gated_delta_rule_packed_decode",
         "fused_sigmoid_gating_delta_rule_update", "rmsnorm_fn",
+        "fused_gdn_decode_post_conv_mtp_triton",
     ]  # fmt: skip
     assert STOOD_IN <= set(answer["stood_in"])
     assert not answer["einops"] or importlib.util.find_spec("einops") is not None
@@ -205,6 +208,31 @@ def test_the_chain_matches_the_reference_in_the_triton_interpreter(request):
         assert case["output"] < 1e-5 and case["native_norm"] < 1e-5, case
         assert case["state"] < 2**-8, case  # a bf16 state's rounding
         assert case["conv_state"] is None or case["conv_state"] < 1e-6, case
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton's interpreter")
+def test_the_mtp_adapter_matches_vllms_port_in_the_triton_interpreter(request):
+    """vLLM's Triton port of its fused MTP op and gdngen's adapter of it (over the float64
+    stand-in of gdn_decode) on vLLM's inputs (tests/vllm_mtp_interpret.py): each against the
+    float64 reference, and the two against each other."""
+    source = os.environ.get("GDNGEN_VLLM_SRC")
+    if not source:
+        if not WHEELS:
+            pytest.skip("no vLLM source: no wheel in /tmp/vllm, no GDNGEN_VLLM_SRC")
+        source = str(request.getfixturevalue("real_bundle")[2])
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "tests.vllm_mtp_interpret", source], cwd=ROOT,
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    cases = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(cases) == 5
+    for case in cases:
+        assert case["same_slots"] and case["same_untouched_rows"], case
+        assert case["output"] < 1e-5, case  # fp32 outputs: the order of the sums alone
+        # a bf16 state: the port's rounding toward zero (interpreter) against ours to nearest
+        assert case["state"] < (2**-8 if case["case"][2] == "bf16" else 1e-6), case
 
 
 def test_the_platform_stand_in_answers_as_vllm_does_without_a_device(monkeypatch):
@@ -378,6 +406,11 @@ def _fake_bundle(folder: Path, conv_source: str) -> Path:
             def rmsnorm_fn():
                 return init_logger("x").name
             """,
+        module_path(KERNEL_MODULES["mtp_decode"]): """
+            from vllm.utils.platform_utils import num_compute_units
+            def fused_gdn_decode_post_conv_mtp_triton():
+                return num_compute_units
+            """,
         module_path(CONSTANTS_MODULE): "import vllm.config\nPAD_SLOT_ID = -1\nNULL_BLOCK_ID = 0\n",
         MANIFEST: json.dumps(dict(vllm_version="9.9.9")),
     }  # fmt: skip
@@ -401,6 +434,7 @@ def test_the_loader_runs_no_vllm_init_and_stands_in_for_the_engine(tmp_path, fak
     assert kernels.causal_conv1d_update() == (False, True, 0)
     assert kernels.packed_decode() == "op.exp"  # a relative import, from the bundle's file
     assert kernels.rmsnorm_fn() == "x"
+    assert callable(kernels.mtp_decode())  # the stood-in SM count
     assert (kernels.null_block_id, kernels.version) == (0, "9.9.9 (Triton 0.fake)")
     assert "vllm.config" not in sys.modules  # the constants were read, not imported
     assert ("einops" in sys.modules) == einops_installed  # its stand-in left with the loading

@@ -1,12 +1,14 @@
-"""Make the small archive of vLLM's source that the core bench's vLLM chain loads
-(gdngen.measure.vllm_source; docs/design.md, "Measuring"):
+"""Make the small archive of vLLM's source that the core bench's vLLM chain and the GPU test of
+the fused MTP adapter load (gdngen.measure.vllm_source; docs/design.md, "Measuring"):
 
     python tools/vllm_bundle.py vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl vllm-gdn.tar.xz
 
-It holds vLLM's Triton kernels of the GDN decode chain and the few modules they import, read from
-the wheel (no install, no GPU); the wheel's own files, never committed. On the GPU machine:
+It holds vLLM's Triton kernels of the GDN decode chain, the Triton port of its fused MTP op and
+the few modules they import, read from the wheel (no install, no GPU); the wheel's own files,
+never committed. On the GPU machine:
 
     python -m gdngen.bench.core --vllm-src vllm-gdn.tar.xz ...
+    GDNGEN_VLLM_SRC=$PWD/vllm-gdn.tar.xz python -m pytest -q tests/gpu/test_vllm_mtp_gpu.py
 
 (or unpack it with ``tar -xJf`` and pass the folder, or set ``GDNGEN_VLLM_SRC``).
 """

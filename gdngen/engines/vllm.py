@@ -1,8 +1,9 @@
 """vLLM's GDN decode entry points served by a gdngen target (docs/engines.md, "vLLM").
 
-vLLM 0.33.0 calls two Triton ops from ``vllm/third_party/flash_linear_attention/ops/`` in
-``vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py``; :class:`VllmGdn` has a method
-of the same name, parameters and return value for each:
+vLLM 0.33.0's GDN layer (``vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py``) calls
+two Triton ops from ``vllm/third_party/flash_linear_attention/ops/`` and, for speculative decode
+on its default path (``VLLM_GDN_DECODE_KERNEL=cuda``), one fused CUDA op; :class:`VllmGdn` has a
+method of the same name, parameters and return value for each:
 
 - ``fused_recurrent_gated_delta_rule_packed_decode``: the all-decode batch (one token per
   request) straight from the post-convolution ``mixed_qkv`` rows; gdn_decode's ``mixed_qkv``
@@ -10,6 +11,10 @@ of the same name, parameters and return value for each:
 - ``fused_sigmoid_gating_delta_rule_update``: decode tokens of a mixed batch, and speculative
   verify with a per-token slot table ``[N, 1 + S]`` plus ``num_accepted_tokens``; gdn_decode's
   packed form (``cu_seqlens``) with per-token slots.
+- ``fused_gdn_decode_post_conv_mtp`` (``torch.ops._C``, called through
+  ``vllm._custom_ops``): speculative verify from the post-convolution ``mixed_qkv`` rows with the
+  gated RMSNorm of the output fused; gdn_decode's packed ``mixed_qkv`` form with per-token slots
+  and the gated RMSNorm epilogue.
 
 vLLM's padding slot is its null block, 0 (``NULL_BLOCK_ID``): a row whose slot is <= 0 reads and
 writes no state, so the adapter passes ``null_slot=0``.
@@ -26,6 +31,24 @@ _UPDATE_NAMES = {
     "initial_state_indices": "ssm_state_indices",
     "use_qk_l2norm": "use_qk_l2norm_in_kernel",
 }
+
+#: gdn_decode's argument names -> fused_gdn_decode_post_conv_mtp's
+_MTP_NAMES = {
+    "q": "mixed_qkv",
+    "k": "mixed_qkv",
+    "v": "mixed_qkv",
+    "q/v": "mixed_qkv",
+    "initial_state": "state",
+    "initial_state_indices": "state_indices",
+    "max_seqlen": "state_indices.shape[1]",
+    "output": "out",
+    "z": "output_gate",
+    "z/norm_weight": "output_gate/norm_weight",
+    "norm_activation": "output_gate_activation",
+}
+
+#: the default ``scale`` of vLLM's wrapper of the op (``vllm._custom_ops``): Qwen3.5's K = 128
+_MTP_DEFAULT_SCALE = 128**-0.5
 
 
 class VllmGdn(EngineAdapter):
@@ -145,3 +168,95 @@ class VllmGdn(EngineAdapter):
                 uniform_seqlen=uniform_seqlen,
             ),
         )
+
+    def fused_gdn_decode_post_conv_mtp(
+        self,
+        mixed_qkv,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_indices,
+        cu_seqlens,
+        num_accepted_tokens,
+        state,
+        output_gate,
+        norm_weight,
+        out=None,
+        scale=_MTP_DEFAULT_SCALE,
+        norm_eps=1e-5,
+        output_gate_activation="silu",
+        *,
+        uniform_seqlen=False,
+    ):
+        """Speculative verify with the gated RMSNorm fused, as vLLM's op
+        ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (and its Triton port) does it, in one
+        gdn_decode call.
+
+        - ``mixed_qkv [tokens, 2*H*K + HV*V]``: the post-conv rows (rows may be strided); ``a``,
+          ``b [tokens, HV]``; ``cu_seqlens [N + 1]`` packs N sequences into them (tokens past
+          ``cu_seqlens[N]``, a graph's padding, are neither read nor written).
+        - ``state [slots, HV, V, K]`` (updated in place) through ``state_indices [N, 1 + S]``:
+          sequence n starts from the state at column ``num_accepted_tokens[n] - 1`` and stores
+          the state after its token t at column t. A read slot <= 0 (vLLM's null block) makes
+          the row padding: zero output, no state read or written; a column <= 0 stores nothing.
+          1 + S (``state_indices.shape[1]``) is the compile-time T: at most the target's
+          ``max_tokens``.
+        - q and k are always L2-normalised (the op has no switch); ``scale`` scales q.
+        - The output ``o`` of each value head is normed over its V elements and gated:
+          ``o / sqrt(mean(o * o) + norm_eps) * norm_weight * act(output_gate)``, act
+          ``output_gate_activation`` ("silu" or "sigmoid"); ``output_gate [tokens, HV, V]`` (a
+          strided view of the projection serves), ``norm_weight [V]``.
+        - ``out [tokens, HV, V]`` is written in place and returned; None: allocated, as vLLM's
+          wrapper of the op does.
+        - ``uniform_seqlen`` (an addition, keyword only): pass True only where the engine knows
+          that sequence n starts at ``n * (1 + S)`` (see ``fused_sigmoid_gating_delta_rule_update``).
+
+        Returns ``out``. vLLM's wrapper and the Triton port return it; the torch op itself
+        returns nothing, and its callers ignore the value.
+        """
+        if cu_seqlens is None:
+            raise ValueError(
+                "cu_seqlens: vLLM's op packs the sequences' tokens by cu_seqlens [N + 1]; got None"
+            )
+        if num_accepted_tokens is None:
+            raise ValueError(
+                "num_accepted_tokens: vLLM's op reads each sequence's initial state from column "
+                "num_accepted_tokens - 1 of state_indices; expected a tensor [N], got None"
+            )
+        columns = getattr(state_indices, "shape", ())
+        if len(columns) != 2:
+            raise ValueError(
+                "state_indices: vLLM's op takes a per-token slot table [N, 1 + S] (column t "
+                f"receives the state after token t); got {_shape_of(state_indices)}"
+            )
+        output, _ = self._launch(
+            _MTP_NAMES,
+            dict(
+                mixed_qkv=mixed_qkv,
+                a=a,
+                b=b,
+                A_log=A_log,
+                dt_bias=dt_bias,
+                scale=scale,
+                use_qk_l2norm=True,
+                initial_state=state,
+                initial_state_indices=state_indices,
+                num_accepted_tokens=num_accepted_tokens,
+                null_slot=self.null_slot,
+                cu_seqlens=cu_seqlens,
+                max_seqlen=columns[1],
+                uniform_seqlen=uniform_seqlen,
+                output=out,
+                z=output_gate,
+                norm_weight=norm_weight,
+                norm_eps=norm_eps,
+                norm_activation=output_gate_activation,
+            ),
+        )
+        return output
+
+
+def _shape_of(value) -> str:
+    shape = getattr(value, "shape", None)
+    return type(value).__name__ if shape is None else f"shape {list(shape)}"

@@ -1,6 +1,7 @@
 """vLLM's Triton kernels of the GDN decode chain, loaded from an unpacked bundle of its source
 (``tools/vllm_bundle.py``) without importing vLLM: for the core bench's vLLM chain
-(gdngen.bench.vllm_chain; docs/design.md, "Measuring").
+(gdngen.bench.vllm_chain; docs/design.md, "Measuring") and the GPU test of the fused
+speculative-decode adapter (tests/gpu/test_vllm_mtp_gpu.py).
 
 ``import vllm`` needs the whole engine and its dependencies. The kernel modules need little of
 it: so the loader registers stand-in packages for ``vllm`` and each package on the way (their
@@ -55,6 +56,9 @@ class VllmKernels:
     packed_decode: Callable  # fused_recurrent_gated_delta_rule_packed_decode
     spec_decode: Callable  # fused_sigmoid_gating_delta_rule_update
     rmsnorm_fn: Callable  # the FLA-style Triton gated RMSNorm
+    #: fused_gdn_decode_post_conv_mtp_triton: the Triton port of the fused speculative-decode
+    #: op (recurrence and gated RMSNorm) with the arguments of torch.ops._C's
+    mtp_decode: Callable
     null_block_id: int  # the slot id that marks a padded row (slot 0, the null block)
     version: str  # vLLM's, and the Triton that compiles its kernels here
     source: str
@@ -112,6 +116,7 @@ def _load(source: str) -> VllmKernels | str:
         packed_decode=modules["packed_decode"].fused_recurrent_gated_delta_rule_packed_decode,
         spec_decode=modules["spec_decode"].fused_sigmoid_gating_delta_rule_update,
         rmsnorm_fn=modules["triton_norm"].rmsnorm_fn,
+        mtp_decode=modules["mtp_decode"].fused_gdn_decode_post_conv_mtp_triton,
         null_block_id=_constants(path)["NULL_BLOCK_ID"],
         version=f"{version} (Triton {sys.modules['triton'].__version__})",
         source=str(path),

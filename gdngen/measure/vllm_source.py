@@ -3,7 +3,9 @@ that travels to a GPU machine (``tools/vllm_bundle.py``; docs/design.md, "Measur
 
 The chain is vLLM's Triton kernels of a Qwen3-Next / Qwen3.5 GDN layer at decode: the conv
 update, the packed-decode recurrence (T = 1), the recurrence of speculative decode (T > 1) and
-the FLA-style gated RMSNorm (``KERNEL_MODULES``). The archive holds those modules and every
+the FLA-style gated RMSNorm (``KERNEL_MODULES``); beside them, the Triton port of the fused
+speculative-decode op that vLLM's default path calls after the conv (recurrence and gated
+RMSNorm in one op; the GPU tests hold gdngen's adapter of that op against it). The archive holds those modules and every
 vLLM module they import at their top level, found by reading the files (nothing is run), except
 the modules that ``gdngen.measure.vllm_kernels`` stands in for (``STOOD_IN``). Imports under an
 ``if`` (another platform's kernels) and inside functions are not followed. No package
@@ -31,6 +33,7 @@ KERNEL_MODULES = {
     "packed_decode": "vllm.third_party.flash_linear_attention.ops.fused_recurrent",
     "spec_decode": "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating",
     "triton_norm": "vllm.third_party.flash_linear_attention.ops.layernorm_guard",
+    "mtp_decode": "vllm.third_party.flash_linear_attention.ops.fused_gdn_decode_post_conv_mtp",
 }
 #: read for its constants only (the null block id of the index tables), never imported
 CONSTANTS_MODULE = "vllm.v1.attention.backends.utils"
