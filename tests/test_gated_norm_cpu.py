@@ -95,10 +95,14 @@ def test_norm_rules_need_the_feature_and_a_kernel_with_the_epilogue():
         )
     # A norm rule naming a staged kernel (no epilogue) is refused, naming the rule.
     dump = spec.model_dump()
-    first = dump["dispatch"][0]
-    assert first["gated_norm"] and first["layout"] == "k_last" and first["state_dtype"] == "bf16"
-    first["use"] = "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
-    with pytest.raises(ValueError, match=r"dispatch\[0\]\.use: .* has no epilogue for V=128"):
+    index = next(
+        i for i, rule in enumerate(dump["dispatch"])
+        if rule["gated_norm"] and rule["layout"] == "k_last" and rule["state_dtype"] == "bf16"
+    )  # fmt: skip
+    dump["dispatch"][index]["use"] = "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
+    with pytest.raises(
+        ValueError, match=rf"dispatch\[{index}\]\.use: .* has no epilogue for V=128"
+    ):
         spec.model_validate(dump)
 
 
