@@ -192,3 +192,40 @@ def test_each_split_rule_names_the_variant_the_norm_alone_takes():
                         rule.head_dims, True, False, 64,
                     )  # fmt: skip
                     assert select(table, shape).use == rule.use, (rule.source, tokens, batch_heads)
+
+
+def test_warmup_keys_of_a_conv1d_form_hold_both_plans_kernels():
+    # warmup and build compile what the dispatch can pick: a split rule's conv step and its
+    # variant without the prologue, beside the fused rules' kernels with it.
+    import generated.h200 as h200
+    from gdngen.runtime.forms import Form, compile_keys
+
+    geometry = [g for g in h200.INFO.geometries if g.name == "qwen3.5"]
+    form = Form(mode="update", index_dtype="int32", null_slot=0, norm_activation="silu",
+                conv_width=4)  # fmt: skip
+    keys = compile_keys([h200.dispatch.TABLE], arch="sm_90a", geometries=geometry,
+                        pairs=[("k_last", "fp32")], max_tokens=1, forms=[form])  # fmt: skip
+    fused = form.key("kl_fp32_tv64_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
+    split = form.key("kl_fp32_tv32_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
+    assert fused in keys and fused.conv_width == 4
+    assert conv_step_key(split, "conv_step_sm90") in keys
+    assert without_prologue(split) in keys and split not in keys
+    # without the prologue (the norm alone): no conv step
+    norm_only = dataclasses.replace(form, conv_width=None)
+    keys = compile_keys([h200.dispatch.TABLE], arch="sm_90a", geometries=geometry,
+                        pairs=[("k_last", "fp32")], max_tokens=1, forms=[norm_only])  # fmt: skip
+    assert keys and all(k.conv_width is None and k.norm_activation == "silu" for k in keys)
+
+
+@pytest.mark.parametrize(
+    "changes,fragment",
+    [(dict(conv_width=5, norm_activation="silu"), "conv_width: target h200 serves conv1d widths"),
+     (dict(conv_width=4), "norm_activation: the conv1d prologue's calls"),
+     (dict(norm_activation="relu"), "norm_activation: expected None or one of"),
+     (dict(conv_width=4, norm_activation="silu", conv_activation="gelu"), "conv_activation:")],
+)  # fmt: skip
+def test_warmup_names_a_bad_fused_step_argument(changes, fragment):
+    import generated.h200 as h200
+
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        h200.warmup(geometry="qwen3.5", max_tokens=1, progress=False, **changes)

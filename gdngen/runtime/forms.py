@@ -9,10 +9,13 @@ from typing import Iterable, Sequence
 
 from gdngen.dispatch import CallShape, Rule, batch_heads_points, select
 
+from gdngen.terms import conv_step_name
+
 from .compile import CompileKey
+from .conv_step import conv_step_key, without_prologue
 
 
-def reachable_variants(
+def reachable_rules(
     table: Sequence[Rule],
     layout: str,
     state_dtype: str,
@@ -22,22 +25,29 @@ def reachable_variants(
     heads: int | None = None,
     packed: bool = False,
     per_token_slots: bool = False,
-) -> list[str]:
-    """Every variant the first-match dispatch picks for some batch*heads at these head dims
-    (K, V) and value heads (None: rules for any HV only), in a call of this form (packed tokens,
-    a per-token slot table), in table order. The
-    choice only changes where a rule's batch*heads range starts or ends, so those points (tried
-    with the one selector) find them all."""
-    found: dict[str, None] = {}
+    gated_norm: bool = False,
+    conv1d: bool = False,
+) -> list[Rule]:
+    """Every rule the first-match dispatch picks for some batch*heads at these head dims (K, V)
+    and value heads (None: rules for any HV only), in a call of this form (packed tokens, a
+    per-token slot table, the fused steps), in table order. The choice only changes where a
+    rule's batch*heads range starts or ends, so those points (tried with the one selector) find
+    them all."""
+    found: dict[Rule, None] = {}
     for batch_heads in batch_heads_points(table):
         shape = CallShape(
-            layout, state_dtype, tokens, batch_heads, intermediate, head_dims, heads=heads,
-            packed=packed, per_token_slots=per_token_slots,
+            layout, state_dtype, tokens, batch_heads, intermediate, head_dims, gated_norm,
+            conv1d, heads, packed, per_token_slots,
         )  # fmt: skip
         rule = select(table, shape)
         if rule is not None:
-            found[rule.use] = None
+            found[rule] = None
     return list(found)
+
+
+def reachable_variants(*args, **kwargs) -> list[str]:
+    """The variants of :func:`reachable_rules`, without repeats, in table order."""
+    return list(dict.fromkeys(rule.use for rule in reachable_rules(*args, **kwargs)))
 
 
 #: what each mode of a Form stores (docs/design.md, "Call forms"): "update" writes the final
@@ -66,10 +76,31 @@ class Form:
     #: exactly T columns (its shape): CompileKey's uniform_rows and exact_slot_table
     uniform_rows: bool = False
     exact_slot_table: bool = False
+    #: the fused steps (docs/design.md, "The fused decode core"): the gated RMSNorm epilogue
+    #: (its gate activation and weight dtype), and the conv1d prologue's width (None: without
+    #: it), bias and activation; a conv1d call's split plan adds the conv step's key
+    norm_activation: str | None = None
+    norm_weight_dtype: str = "bf16"
+    conv_width: int | None = None
+    conv_bias: bool = True
+    conv_activation: str = "silu"
 
     @property
     def stores_token_states(self) -> bool:
         return self.mode != "update"
+
+    @property
+    def gated_norm(self) -> bool:
+        """Whether the form's calls take the fused-core rules (the norm, the conv, or both)."""
+        return self.norm_activation is not None or self.conv_width is not None
+
+    def keys(self, rule: Rule, arch: str, tokens: int, geometry, state_dtype: str):
+        """The keys a call of this form compiles to under ``rule``: the rule's variant's, and on
+        the split plan the conv step's and the variant's without the prologue."""
+        key = self.key(rule.use, arch, tokens, geometry, state_dtype)
+        if not (rule.split_conv and self.conv_width is not None):
+            return [key]
+        return [conv_step_key(key, conv_step_name(arch)), without_prologue(key)]
 
     def key(self, variant: str, arch: str, tokens: int, geometry, state_dtype: str) -> CompileKey:
         slotted = self.index_dtype is not None
@@ -86,6 +117,10 @@ class Form:
             cache_rows=self.mode == "verify_rows",
             uniform_rows=self.packed and self.uniform_rows,
             exact_slot_table=self.mode == "spec" and self.exact_slot_table,
+            norm_activation=self.norm_activation,
+            norm_weight_dtype=None if self.norm_activation is None else self.norm_weight_dtype,
+            conv_width=self.conv_width, conv_bias=self.conv_width is not None and self.conv_bias,
+            conv_activation=None if self.conv_width is None else self.conv_activation,
         )  # fmt: skip
 
 
@@ -121,12 +156,13 @@ def compile_keys(
                         if form.mode in ("spec", "verify_rows") and form.index_dtype is None:
                             continue  # these name slots or rows: no dense-state form
                         intermediate = form.stores_token_states
-                        for variant in reachable_variants(
+                        for rule in reachable_rules(
                             table, layout, state_dtype, tokens, intermediate,
                             (geometry.K, geometry.V), geometry.HV, form.packed,
-                            form.mode == "spec",
+                            form.mode == "spec", form.gated_norm, form.conv_width is not None,
                         ):  # fmt: skip
-                            keys[form.key(variant, arch, tokens, geometry, state_dtype)] = None
+                            for key in form.keys(rule, arch, tokens, geometry, state_dtype):
+                                keys[key] = None
     return list(keys)
 
 

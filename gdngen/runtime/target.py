@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gdngen.dispatch import CallShape, Rule, select
+from gdngen.terms import CONV_ACTIVATIONS, NORM_ACTIVATIONS
 
 from .checks import Call
 from .forms import MODES, Form, compile_keys, key_mode
@@ -208,6 +209,11 @@ class Target:
         use_qk_l2norm: bool = True,
         packed: bool = False,
         null_slot: int = -1,
+        norm_activation: str | None = None,
+        conv_width: int | None = None,
+        conv_bias: bool = True,
+        conv_activation: str = "silu",
+        norm_weight_dtype: str = "bf16",
         progress: bool = True,
     ) -> WarmupSummary:
         """Load (from artifacts or the disk cache) or compile every kernel that calls of one engine
@@ -217,7 +223,11 @@ class Target:
         ``geometry`` names one of the target's geometries, the engine's per-GPU shard (None: all
         of them, every TP shard included); ``index_dtype`` None is a dense state; ``packed`` is
         the cu_seqlens form (T is then max_seqlen); ``null_slot`` the padding sentinel the
-        engine uses."""
+        engine uses. The fused steps (docs/design.md, "The fused decode core"):
+        ``norm_activation`` ("silu" or "sigmoid") for calls with the gated RMSNorm epilogue, its
+        weight's ``norm_weight_dtype``; ``conv_width`` for calls with the conv1d prologue as
+        well (the engine's decode_core), its ``conv_bias`` and ``conv_activation``; where the
+        dispatch splits the conv off, the conv step's kernel is warmed too."""
         info = self.info
         if (layout, state_dtype) not in info.served:
             served = ", ".join(f"{a}/{b}" for a, b in info.served)
@@ -243,11 +253,37 @@ class Target:
             )
         if isinstance(null_slot, bool) or not isinstance(null_slot, int) or null_slot < -1:
             raise ValueError(f"null_slot: expected an int >= -1; got {null_slot!r}")
+        if norm_activation is not None and not info.gated_rmsnorm:
+            raise ValueError(
+                f"norm_activation: target {info.name} has no gated RMSNorm epilogue; got "
+                f"{norm_activation!r} (pass None)"
+            )
+        if norm_activation not in (None, *NORM_ACTIVATIONS):
+            raise ValueError(
+                f"norm_activation: expected None or one of {NORM_ACTIVATIONS}; got "
+                f"{norm_activation!r}"
+            )
+        if conv_width is not None and conv_width not in info.conv1d_widths:
+            raise ValueError(
+                f"conv_width: target {info.name} serves conv1d widths "
+                f"{list(info.conv1d_widths)}; got {conv_width!r}"
+            )
+        if conv_width is not None and norm_activation is None:
+            raise ValueError(
+                "norm_activation: the conv1d prologue's calls (conv_width) fuse the gated "
+                'RMSNorm too; pass its activation ("silu" or "sigmoid")'
+            )
+        if conv_activation not in CONV_ACTIVATIONS:
+            raise ValueError(
+                f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
+            )
         forms = [
             Form(
                 mode=mode, index_dtype=index_dtype, separate_write_slots=separate_write_slots,
                 io_dtype=io_dtype, gate_dtype=gate_dtype, dt_bias_dtype=dt_bias_dtype,
                 use_qk_l2norm=use_qk_l2norm, packed=packed, null_slot=null_slot,
+                norm_activation=norm_activation, norm_weight_dtype=norm_weight_dtype,
+                conv_width=conv_width, conv_bias=conv_bias, conv_activation=conv_activation,
             )  # fmt: skip
             for mode in modes
         ]
