@@ -229,3 +229,29 @@ def test_warmup_names_a_bad_fused_step_argument(changes, fragment):
 
     with pytest.raises(ValueError, match=re.escape(fragment)):
         h200.warmup(geometry="qwen3.5", max_tokens=1, progress=False, **changes)
+
+
+def test_a_spec_build_section_may_build_the_fused_core_forms():
+    import generated.h200 as h200
+    from gdngen.runtime.build import target_keys
+
+    spec = load_spec(SPEC_PATH)
+    dump = spec.model_dump()
+    dump["build"].update(fused=("core",), modes=("update",), geometries=("qwen3.5",))
+    keys = target_keys(spec.model_validate(dump), h200)
+    assert keys and all(k.norm_activation == "silu" for k in keys if k.variant != "conv_step_sm90")
+    # fp32 from B*HV = 512 splits the conv off: the step and the variant without the prologue
+    steps = [k for k in keys if k.variant == "conv_step_sm90"]
+    assert steps and all(k.conv_width == 4 for k in steps)
+    assert any(k.conv_width is None and k.state_dtype == "fp32" for k in keys)
+    assert any(k.conv_width == 4 and k.variant.startswith("kl_bf16") for k in keys)
+    # the steps need the features they build
+    dump["build"]["conv_width"] = 5
+    with pytest.raises(ValueError, match=r"build.conv_width: 5 is not among"):
+        spec.model_validate(dump)
+    dump["build"]["conv_width"] = 4
+    dump["features"].update(gated_rmsnorm=False, conv1d_widths=())
+    dump["dispatch"] = [r for r in dump["dispatch"] if not r["gated_norm"]]
+    dump["variants"] = [v for v in dump["variants"] if not v.get("gated_norm_only")]
+    with pytest.raises(ValueError, match=r"build.fused: \['core'\] needs `gated_rmsnorm: true`"):
+        spec.model_validate(dump)

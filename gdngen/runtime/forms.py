@@ -175,7 +175,10 @@ def spec_forms(build) -> list[Form]:
             gate_dtype=build.gate_dtype, dt_bias_dtype=build.dt_bias_dtype,
             use_qk_l2norm=build.use_qk_l2norm, packed=packed, null_slot=null_slot,
             uniform_rows=uniform, exact_slot_table=exact,
+            norm_activation=None if fused == "none" else build.norm_activation,
+            conv_width=build.conv_width if fused == "core" else None,
         )  # fmt: skip
+        for fused in build.fused
         for mode in build.modes
         for slots in build.slots
         for packed in build.packed

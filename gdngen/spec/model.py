@@ -424,6 +424,13 @@ class CallForms(_Strict):
     gate_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     dt_bias_dtype: Literal["bf16", "fp32"] = "fp32"
     use_qk_l2norm: bool = True
+    #: the fused steps of the calls built (docs/design.md, "The fused decode core"): "none" (the
+    #: recurrence alone), "norm" (the gated RMSNorm epilogue: vLLM's fused MTP op), "core" (the
+    #: conv1d prologue of ``conv_width`` and the norm: an engine's decode_core, whose split plan
+    #: builds the conv step with the variant it runs before); the norm's gate activation
+    fused: tuple[Literal["none", "norm", "core"], ...] = ("none",)
+    norm_activation: Literal["silu", "sigmoid"] = "silu"
+    conv_width: int = 4
     #: the geometries (by name) built ahead of time; None: all of them. Every geometry is served:
     #: the others compile on first use (or with `gdngen build --geometries`), so a spec can carry
     #: every tensor-parallel shard of a model without multiplying the default build
@@ -607,6 +614,16 @@ class Spec(_Strict):
                     "`conv1d_widths` under `features:` and `gated_norm: true` on the rule (the "
                     "fused-core kernels serve it)"
                 )
+        fused = set(self.build.fused) - {"none"}
+        if fused and not self.features.gated_rmsnorm:
+            raise ValueError(
+                f"build.fused: {sorted(fused)} needs `gated_rmsnorm: true` under `features:`"
+            )
+        if "core" in fused and self.build.conv_width not in self.features.conv1d_widths:
+            raise ValueError(
+                f"build.conv_width: {self.build.conv_width} is not among the spec's "
+                f"conv1d_widths {list(self.features.conv1d_widths)}"
+            )
         self._check_rules_fit_calls()
         return self
 
