@@ -208,6 +208,20 @@ def new_columns(kept: int, tokens: int, per_token: bool) -> int:
     return kept - 1 + tokens if per_token else kept
 
 
+def conv_token(row, t: int, kept: int, tokens: int, activation: str):
+    """Token t's conv output from a loaded ``row``: the window (``kept`` columns read, then the
+    tokens' inputs), then the W taps, then the bias. The sum runs in one fixed order, so both
+    plans of a conv1d call (this prologue and gdngen.device.conv_step) compute the same fp32
+    value."""
+    taps = kept + tokens
+    acc = row[taps + kept + 1]
+    for w in range(kept + 1):
+        acc += row[taps + w] * row[t + w]
+    if activation == "silu":
+        acc = activate(acc, "silu")
+    return acc
+
+
 def _new_column(window, j: int, kept: int, length, tokens: int, per_token: bool):
     """New state column j from ``window`` (the row's ``kept`` columns read, then its tokens'
     inputs), and whether the column is written (the row has tokens; within new_columns)."""
@@ -290,18 +304,12 @@ def _convolve_part(
     """A part's outputs from its ``loaded`` rows; with ``write_now``, its new state columns;
     with ``windows`` (where ``writes_windows``), the window after each of the row's tokens."""
     channels = written.shape[0]
-    taps = kept + tokens
     tidx, _, _ = cute.arch.thread_idx()
     for r in cutlass.range_constexpr((channels + threads - 1) // threads):
         c = tidx + r * threads
         if c < channels:
             for t in cutlass.range_constexpr(tokens):
-                acc = loaded[r, taps + kept + 1]
-                for w in cutlass.range_constexpr(kept + 1):
-                    acc += loaded[r, taps + w] * loaded[r, t + w]
-                if cutlass.const_expr(activation == "silu"):
-                    acc = activate(acc, "silu")
-                outputs[t, out_first + c] = acc
+                outputs[t, out_first + c] = conv_token(loaded[r, None], t, kept, tokens, activation)
             if cutlass.const_expr(write_now):
                 if owned:
                     for j in cutlass.range_constexpr(new_columns(kept, tokens, per_token)):

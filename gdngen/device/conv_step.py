@@ -27,8 +27,7 @@ from cutlass import Constexpr, Float32, Int64
 
 from gdngen.terms import CONV_ACTIVATIONS
 
-from .conv import _new_column, _token, new_columns
-from .norm import activate
+from .conv import _new_column, _token, conv_token, new_columns
 from .rows import conv_slots, row_slots, row_span, row_tokens
 
 
@@ -179,7 +178,8 @@ def _convolve_channel(
     width = weight.shape[1]
     kept = width - 1
     rows = source[seq, None, head, dim]
-    window = cute.make_rmem_tensor((kept + tokens,), Float32)
+    # The prologue's row (gdngen.device.conv.conv_token): the window, the taps, the bias.
+    window = cute.make_rmem_tensor((kept + tokens + width + 1,), Float32)
     for w in cutlass.range_constexpr(kept):
         window[w] = Float32(0.0)
     if owned:
@@ -187,21 +187,15 @@ def _convolve_channel(
             window[w] = Float32(state[read, c, offset + w])
     for t in cutlass.range_constexpr(tokens):
         window[kept + t] = Float32(rows[_token(rows, first, length, t)])
-    taps = cute.make_rmem_tensor((width,), Float32)
     for w in cutlass.range_constexpr(width):
-        taps[w] = Float32(weight[c, w])
-    acc_start = Float32(0.0)
+        window[kept + tokens + w] = Float32(weight[c, w])
+    window[kept + tokens + width] = Float32(0.0)
     if cutlass.const_expr(bias is not None):
-        acc_start = Float32(bias[c])
+        window[kept + tokens + width] = Float32(bias[c])
     written = out[seq, None, head, dim]
     for t in cutlass.range_constexpr(tokens):
-        # The prologue's sum, in its order (gdngen.device.conv._convolve_part).
-        acc = acc_start
-        for w in cutlass.range_constexpr(width):
-            acc += taps[w] * window[t + w]
-        if cutlass.const_expr(activation == "silu"):
-            acc = activate(acc, "silu")
         if Int64(t) < length:
+            acc = conv_token(window, t, kept, tokens, activation)
             written[first + t] = acc.to(written.element_type)
     if cutlass.const_expr(write_state):
         if owned:
