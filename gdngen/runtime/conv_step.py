@@ -35,9 +35,17 @@ OPTIONS = (
     "T", "null_slot", "per_token_slots", "uniform_rows", "write_state", "conv_activation",
 )  # fmt: skip
 
-#: where the decode kernel's run-time arguments sit in a launch tuple
+#: where the decode kernel's run-time arguments sit in a launch tuple: the ones the split
+#: launch reads, looked up once here rather than per call
 _AT = {arg.name: index for index, arg in enumerate(RUN_TIME_ARGS)}
-_PROLOGUE_ONLY = ("conv_state", "conv_weight", "conv_bias", "conv_arrivals", "conv_windows")
+_Q, _K, _V, _STATE, _CACHE = (_AT[name] for name in ("q", "k", "v", "state", "cache"))
+_INDICES_AT = tuple(_AT[name] for name in INDICES)
+_CONV_AT = tuple(_AT[name] for name in CONV)
+#: what the decode kernel takes only with the prologue: None in the split plan
+_PROLOGUE_ONLY_AT = tuple(
+    _AT[name]
+    for name in ("conv_state", "conv_weight", "conv_bias", "conv_arrivals", "conv_windows")
+)
 
 
 def conv_step_module(kernels_package: str, arch: str) -> str:
@@ -134,18 +142,17 @@ class SplitLaunch:
         self.conv_step, self.kernel, self.rows = conv_step, kernel, rows
 
     def __call__(self, *arguments) -> None:
-        q, k, v = arguments[_AT["q"]], arguments[_AT["k"]], arguments[_AT["v"]]
+        q, k, v = arguments[_Q], arguments[_K], arguments[_V]
         q_out, k_out, v_out = self.rows.views(q.shape[0], q.shape[1])
-        pool = arguments[_AT["state"]]
-        cache = arguments[_AT["cache"]]
+        cache = arguments[_CACHE]
         self.conv_step(
             q, k, v, q_out, k_out, v_out,
-            *(arguments[_AT[name]] for name in INDICES),
-            pool.shape[0], 0 if cache is None else cache.shape[0],
-            *(arguments[_AT[name]] for name in CONV),
+            *(arguments[at] for at in _INDICES_AT),
+            arguments[_STATE].shape[0], 0 if cache is None else cache.shape[0],
+            *(arguments[at] for at in _CONV_AT),
         )  # fmt: skip
         rest = list(arguments)
-        rest[_AT["q"]], rest[_AT["k"]], rest[_AT["v"]] = q_out, k_out, v_out
-        for name in _PROLOGUE_ONLY:
-            rest[_AT[name]] = None
+        rest[_Q], rest[_K], rest[_V] = q_out, k_out, v_out
+        for at in _PROLOGUE_ONLY_AT:
+            rest[at] = None
         self.kernel(*rest)
