@@ -142,7 +142,8 @@ def test_the_workspace_views_are_the_conv_channels_in_order():
     assert len(rows._buffers) == 2
 
 
-def test_the_split_launch_hands_each_kernel_its_arguments():
+@pytest.mark.parametrize("pdl", [False, True])
+def test_the_split_launch_hands_each_kernel_its_arguments(pdl):
     names = [arg.name for arg in RUN_TIME_ARGS]
     arguments = {name: f"<{name}>" for name in names}
     q = torch.zeros(2, 1, 2, 4)
@@ -151,7 +152,7 @@ def test_the_split_launch_hands_each_kernel_its_arguments():
     seen = {}
     rows = ConvRows(H=2, K=4, HV=3, V=8, dtype=torch.float32, device="cpu")
     launch = SplitLaunch(
-        lambda *a: seen.setdefault("step", a), lambda *a: seen.setdefault("kernel", a), rows
+        lambda *a: seen.setdefault("step", a), lambda *a: seen.setdefault("kernel", a), rows, pdl
     )
     launch(*(arguments[name] for name in names))
     q_out, k_out, v_out = rows.views(2, 1)
@@ -163,8 +164,11 @@ def test_the_split_launch_hands_each_kernel_its_arguments():
     )  # fmt: skip
     assert step[11:13] == (7, 0)  # the pool's slots; no verify cache
     assert step[13:] == tuple(
-        arguments[n] for n in ("conv_state", "conv_weight", "conv_bias", "conv_windows")
-    )
+        arguments[n]
+        for n in ("conv_state", "conv_weight", "conv_bias", "conv_windows", "launch_pdl")
+    )  # the step is the call's first kernel: it takes the call's PDL attribute
+    # the kernel after it overlaps the step wherever it was compiled for PDL
+    assert seen["kernel"][names.index("launch_pdl")] == int(pdl)
     kernel = dict(zip(names, seen["kernel"]))
     assert (kernel["q"], kernel["k"], kernel["v"]) == (q_out, k_out, v_out)
     for name in ("conv_state", "conv_weight", "conv_bias", "conv_arrivals", "conv_windows"):

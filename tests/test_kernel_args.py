@@ -5,7 +5,13 @@ import ast
 import inspect
 
 from gdngen.runtime.checks import check_call
-from gdngen.runtime.kernel_args import CHECKED, KERNEL_ARGS, KEYWORDS, RUN_TIME_ARGS
+from gdngen.runtime.kernel_args import (
+    CHECKED,
+    KERNEL_ARGS,
+    KEYWORDS,
+    LAUNCH_ONLY_ARGS,
+    RUN_TIME_ARGS,
+)
 from gdngen.runtime.launcher import DecodeCall
 from tests.spec_helpers import GENERATED, ROOT
 
@@ -30,7 +36,8 @@ def _function(path, name: str) -> ast.FunctionDef:
 def test_launch_takes_the_declared_arguments_and_passes_them_on_in_order():
     """CuTe DSL reads launch's parameters from its source: they are spelled there."""
     launch = _function(ROOT / "gdngen/device/launch.py", "launch")
-    assert _parameters(launch) == DECLARED + [("stream", None)]
+    launch_only = [(arg.name, arg.annotation) for arg in LAUNCH_ONLY_ARGS]
+    assert _parameters(launch) == DECLARED + launch_only + [("stream", None)]
     call = next(
         node.value
         for node in ast.walk(launch)
@@ -70,4 +77,6 @@ def test_options_are_the_constexpr_parameters():
     """What a launch passes (RUN_TIME_ARGS) is what the kernel does not compile in."""
     for arg in KERNEL_ARGS:
         assert arg.annotation.startswith("Constexpr") == arg.compile_time, arg.name
-    assert len(RUN_TIME_ARGS) == sum(not arg.compile_time for arg in KERNEL_ARGS)
+    assert len(RUN_TIME_ARGS) == sum(not arg.compile_time for arg in KERNEL_ARGS) + len(
+        LAUNCH_ONLY_ARGS
+    )

@@ -38,7 +38,7 @@ OTHER_VALUES = dict(
     use_qk_l2norm=False, null_slot=0, cu_seqlens_dtype="int32", per_token_slots=True,
     num_accepted=True, cache_rows=True, uniform_rows=True, exact_slot_table=True,
     norm_activation="sigmoid", norm_weight_dtype="fp32",
-    conv_width=4, conv_bias=True, conv_activation="identity",
+    conv_width=4, conv_bias=True, conv_activation="identity", pdl=True,
 )  # fmt: skip
 
 

@@ -152,10 +152,12 @@ def cta_conv(
     )
 
 
-def load_conv(conv: CtaConv, tokens: int, threads: int) -> list:
+def load_conv(conv: CtaConv, tokens: int, threads: int, inputs: bool = True) -> list:
     """Issue every load of the CTA's conv (windows, inputs, taps, bias) into registers, one
     tensor a part. The kernel calls it before it loads the state, so that the conv's data is
-    in flight with the state's and ``convolve`` waits no round trip of its own."""
+    in flight with the state's and ``convolve`` waits no round trip of its own. Without
+    ``inputs``, the tokens' inputs are left for :func:`load_conv_inputs` (a PDL kernel loads
+    them after its wait: gdngen.device.pdl)."""
     first, length = Int64(conv.span[0]), Int64(conv.span[1])
     kept = conv.kept
     held = []
@@ -165,10 +167,20 @@ def load_conv(conv: CtaConv, tokens: int, threads: int) -> list:
         loaded = cute.make_rmem_tensor((rounds, 2 * kept + tokens + 2), Float32)
         _load_part(
             loaded, part.weight, part.bias, part.state, part.source, Int32(part.source_first),
-            conv.owned, conv.offset, first, length, tokens, threads,
+            conv.owned, conv.offset, first, length, tokens, threads, inputs,
         )  # fmt: skip
         held.append(loaded)
     return held
+
+
+def load_conv_inputs(conv: CtaConv, held: list, tokens: int, threads: int) -> None:
+    """The tokens' inputs into ``held`` (from ``load_conv(..., inputs=False)``)."""
+    first, length = Int64(conv.span[0]), Int64(conv.span[1])
+    for part, loaded in zip((conv.q, conv.k, conv.v), held):
+        _load_inputs(
+            loaded, part.weight, part.source, Int32(part.source_first), first, length, tokens,
+            threads,
+        )  # fmt: skip
 
 
 def convolve(
@@ -259,9 +271,11 @@ def _load_part(
     length: Int64,
     tokens: Constexpr[int],
     threads: Constexpr[int],
+    inputs: Constexpr[bool],
 ):
-    """A part's windows, taps and bias into ``loaded`` (see convolve), a round of channels a
-    row. A thread past the part's channels loads the last channel's (and stores nothing)."""
+    """A part's windows, taps and bias (and, with ``inputs``, the tokens' inputs) into
+    ``loaded`` (see convolve), a round of channels a row. A thread past the part's channels
+    loads the last channel's (and stores nothing)."""
     channels = weight.shape[0]
     width = weight.shape[1]
     kept = width - 1
@@ -273,15 +287,40 @@ def _load_part(
         if owned:
             for w in cutlass.range_constexpr(kept):
                 loaded[r, w] = Float32(state[c, offset + w])
-        for t in cutlass.range_constexpr(tokens):
-            loaded[r, kept + t] = Float32(
-                source[_token(source, first, length, t), source_first + c]
-            )
+        if cutlass.const_expr(inputs):
+            for t in cutlass.range_constexpr(tokens):
+                loaded[r, kept + t] = Float32(
+                    source[_token(source, first, length, t), source_first + c]
+                )
         for w in cutlass.range_constexpr(width):
             loaded[r, kept + tokens + w] = Float32(weight[c, w])
         loaded[r, kept + tokens + width] = Float32(0.0)
         if cutlass.const_expr(bias is not None):
             loaded[r, kept + tokens + width] = Float32(bias[c])
+
+
+@cute.jit
+def _load_inputs(
+    loaded: cute.Tensor,
+    weight: cute.Tensor,
+    source: cute.Tensor,
+    source_first: Int32,
+    first: Int64,
+    length: Int64,
+    tokens: Constexpr[int],
+    threads: Constexpr[int],
+):
+    """The tokens' inputs of a part into ``loaded``, where ``_load_part`` without ``inputs``
+    left their places."""
+    channels = weight.shape[0]
+    kept = weight.shape[1] - 1
+    tidx, _, _ = cute.arch.thread_idx()
+    for r in cutlass.range_constexpr((channels + threads - 1) // threads):
+        c = cutlass.min(tidx + r * threads, channels - 1)
+        for t in cutlass.range_constexpr(tokens):
+            loaded[r, kept + t] = Float32(
+                source[_token(source, first, length, t), source_first + c]
+            )
 
 
 @cute.jit

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Constexpr, Float32, Int64
+from cutlass import Constexpr, Float32, Int32, Int64
 
 from gdngen.terms import CONV_ACTIVATIONS
 
 from .conv import _new_column, _token, conv_token, new_columns
+from .pdl import wait_for_producer
 from .rows import conv_slots, row_slots, row_span, row_tokens
 
 
 def conv_step_launcher(*, name: str):
-    """``launch(q, k, v, q_out, k_out, v_out, <slots and forms>, conv tensors, stream)``:
+    """``launch(q, k, v, q_out, k_out, v_out, <slots and forms>, conv tensors, options,
+    launch_pdl, stream)``:
     the conv step's host side, named ``name`` (its parameters: gdngen.runtime.conv_step)."""
 
     @cute.kernel
@@ -60,6 +62,7 @@ def conv_step_launcher(*, name: str):
         uniform_rows: Constexpr[bool],
         write_state: Constexpr[bool],
         conv_activation: Constexpr[str],
+        pdl: Constexpr[bool],
     ):
         tidx, _, _ = cute.arch.thread_idx()
         head, n, _ = cute.arch.block_idx()
@@ -87,7 +90,7 @@ def conv_step_launcher(*, name: str):
             conv_state, conv_weight, conv_bias, conv_windows, conv.read, conv.write, conv.offset,
             conv.owned, cached, cache_at, seq, Int64(first), Int64(length),
         )  # fmt: skip
-        options = (T, conv_activation, write_state, per_token_slots)
+        options = (T, conv_activation, write_state, per_token_slots, pdl)
         # The head's channels along the conv's D: q's H*K, then k's H*K, then v's HV*V.
         if head < H:
             if tidx < K:
@@ -125,6 +128,8 @@ def conv_step_launcher(*, name: str):
         uniform_rows: Constexpr[bool],
         write_state: Constexpr[bool],
         conv_activation: Constexpr[str],
+        pdl: Constexpr[bool],
+        launch_pdl: Int32,
         stream,
     ):
         if cutlass.const_expr(conv_activation not in CONV_ACTIVATIONS):
@@ -138,9 +143,10 @@ def conv_step_launcher(*, name: str):
         conv_step_kernel(
             q, k, v, q_out, k_out, v_out, read_slots, write_slots, num_accepted, cu_seqlens,
             cache_rows, pool_size, cache_count, conv_state, conv_weight, conv_bias, conv_windows,
-            T, null_slot, per_token_slots, uniform_rows, write_state, conv_activation,
+            T, null_slot, per_token_slots, uniform_rows, write_state, conv_activation, pdl,
         ).launch(
-            grid=(2 * q.shape[2] + v.shape[2], rows, 1), block=(threads, 1, 1), stream=stream
+            grid=(2 * q.shape[2] + v.shape[2], rows, 1), block=(threads, 1, 1), stream=stream,
+            use_pdl=launch_pdl if cutlass.const_expr(pdl) else False,
         )  # fmt: skip
 
     launch.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
@@ -171,10 +177,13 @@ def _convolve_channel(
     activation: Constexpr[str],
     write_state: Constexpr[bool],
     per_token: Constexpr[bool],
+    pdl: Constexpr[bool],
 ):
     """Conv channel ``c`` of one row (``dim`` of ``head`` in ``source`` and ``out``): the window
     read (zeros where the row owns no conv slot), every token's input, the outputs of the row's
-    tokens; then the new state columns and the verify cache's windows."""
+    tokens; then the new state columns and the verify cache's windows. With ``pdl``, the inputs
+    are read after the wait for the grid before (gdngen.device.pdl), the window, taps and bias
+    before it."""
     width = weight.shape[1]
     kept = width - 1
     rows = source[seq, None, head, dim]
@@ -185,13 +194,18 @@ def _convolve_channel(
     if owned:
         for w in cutlass.range_constexpr(kept):
             window[w] = Float32(state[read, c, offset + w])
-    for t in cutlass.range_constexpr(tokens):
-        window[kept + t] = Float32(rows[_token(rows, first, length, t)])
+    if cutlass.const_expr(not pdl):
+        for t in cutlass.range_constexpr(tokens):
+            window[kept + t] = Float32(rows[_token(rows, first, length, t)])
     for w in cutlass.range_constexpr(width):
         window[kept + tokens + w] = Float32(weight[c, w])
     window[kept + tokens + width] = Float32(0.0)
     if cutlass.const_expr(bias is not None):
         window[kept + tokens + width] = Float32(bias[c])
+    if cutlass.const_expr(pdl):
+        wait_for_producer(pdl)
+        for t in cutlass.range_constexpr(tokens):
+            window[kept + t] = Float32(rows[_token(rows, first, length, t)])
     written = out[seq, None, head, dim]
     for t in cutlass.range_constexpr(tokens):
         if Int64(t) < length:

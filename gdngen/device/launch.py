@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Constexpr, Float32
+from cutlass import Constexpr, Float32, Int32
 
 from gdngen.terms import CONV_ACTIVATIONS, NORM_ACTIVATIONS, PORTABLE_CLUSTER
 
@@ -34,9 +34,10 @@ class DeviceCode:
 
 
 def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
-    """``launch(<the kernel's arguments>, stream)`` for ``code``, named ``name``: the arguments
-    are gdngen.runtime.kernel_args's KERNEL_ARGS, in that order (CuTe DSL reads the parameters
-    from this source, so they are spelled here; tests/test_kernel_args.py holds them to it).
+    """``launch(<the kernel's arguments>, launch_pdl, stream)`` for ``code``, named ``name``:
+    the arguments are gdngen.runtime.kernel_args's KERNEL_ARGS, then its LAUNCH_ONLY_ARGS, in
+    that order (CuTe DSL reads the parameters from this source, so they are spelled here;
+    tests/test_kernel_args.py holds them to it).
     Without ``code.gated_norm`` (the stepwise solve), ``z`` and ``norm_weight`` must be None, and
     so must ``conv_*`` (``conv_windows`` is None without the verify cache as well); with
     ``min_ctas_per_sm``, launch bounds that fit that many CTAs on an SM. A packed call
@@ -79,6 +80,8 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
         conv_arrivals,
         conv_windows,
         conv_activation: Constexpr[str],
+        pdl: Constexpr[bool],
+        launch_pdl: Int32,
         stream,
     ):
         num_v_heads = v.shape[2]
@@ -114,12 +117,15 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
             cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state, null_slot,
             per_token_slots, uniform_rows, exact_slot_table, z, norm_weight, norm_eps,
             norm_activation, conv_state, conv_weight, conv_bias, conv_arrivals, conv_windows,
-            conv_activation,
+            conv_activation, pdl,
         )  # fmt: skip
         rows = q.shape[0]
         if cutlass.const_expr(cu_seqlens is not None):
             rows = cu_seqlens.shape[0] - 1
         grid = (head_v_dim // tile_v, num_v_heads, rows)
+        # The PDL attribute is the call's (gdngen.runtime.pdl); a kernel without the wait never
+        # takes it.
+        overlap = launch_pdl if cutlass.const_expr(pdl) else False
         if cutlass.const_expr(min_ctas_per_sm > 0):
             # The driver's default carveout; naming it keeps the compile free of device queries.
             kernel.launch(
@@ -128,12 +134,19 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
                 min_blocks_per_mp=min_ctas_per_sm,
                 preferred_smem_carveout=-1,
                 stream=stream,
+                use_pdl=overlap,
             )
         elif cutlass.const_expr(cluster > 1):
             # One cluster per head: its CTAs' sums of squares meet in distributed shared memory.
-            kernel.launch(grid=grid, block=(threads, 1, 1), cluster=(cluster, 1, 1), stream=stream)
+            kernel.launch(
+                grid=grid,
+                block=(threads, 1, 1),
+                cluster=(cluster, 1, 1),
+                stream=stream,
+                use_pdl=overlap,
+            )
         else:
-            kernel.launch(grid=grid, block=(threads, 1, 1), stream=stream)
+            kernel.launch(grid=grid, block=(threads, 1, 1), stream=stream, use_pdl=overlap)
 
     launch.set_name_prefix(name, remove_cutlass_symbol=True, keep_mangled_name=False)
     return launch

@@ -99,6 +99,13 @@ class HeadNorm:
     z_staged: cute.Tensor | None
 
 
+def load_weight_rows(norm_weight: cute.Tensor, row_block, ilp: int) -> cute.Tensor:
+    """The norm weight of a lane's ``ilp`` rows (``row_block`` of the head), as fp32."""
+    weight_rows = cute.make_rmem_tensor((ilp,), Float32)
+    weight_rows.store(cute.zipped_divide(norm_weight, (ilp,))[None, row_block].load().to(Float32))
+    return weight_rows
+
+
 def start_gated_norm(
     z: cute.Tensor,
     norm_weight: cute.Tensor,
@@ -113,10 +120,12 @@ def start_gated_norm(
     threads: int,
     cluster: int,
     stages_z: Callable,
+    weight_rows=None,
 ) -> HeadNorm:
     """The epilogue's start, before the token loop: announce the CTA to its ``cluster`` (the
     head's CTAs), take the shared memory, load the weight of the lane's ``ilp`` rows
-    (``row_block`` of the head, ``group`` of the CTA) and, at T > 1, start copying every token's
+    (``row_block`` of the head, ``group`` of the CTA), unless ``weight_rows`` holds it already
+    (a PDL kernel loads it before its wait: gdngen.device.pdl), and, at T > 1, start copying every token's
     z (rows ``seq``, ``token_at``, value head ``hv``) into shared memory on the lanes where
     ``stages_z()`` holds (``_stage_z``). Each token's outputs wait in shared memory (``gated``;
     in registers they would be T * ilp a thread) and their squares are added as they come
@@ -125,8 +134,8 @@ def start_gated_norm(
     announce_start(cluster)
     slots = head_square_slots(tokens, threads, cluster)
     squares = cute.make_rmem_tensor((tokens,), Float32)
-    weight_rows = cute.make_rmem_tensor((ilp,), Float32)
-    weight_rows.store(cute.zipped_divide(norm_weight, (ilp,))[None, row_block].load().to(Float32))
+    if weight_rows is None:
+        weight_rows = load_weight_rows(norm_weight, row_block, ilp)
     staging = cutlass.memory.SmemAllocator()
     gated = staging.allocate_tensor(
         Float32, cute.make_layout((tokens, tile_v), stride=(tile_v, 1)), 16

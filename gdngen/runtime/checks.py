@@ -21,6 +21,7 @@ from .core_checks import (
     check_core_layout,
     check_core_tensors,
     check_devices,
+    check_enable_pdl,
     check_geometry,
     check_options,
     check_output,
@@ -72,6 +73,8 @@ class Call:
     norm: GatedNorm | None = None
     #: the conv1d prologue (gdngen.runtime.conv_checks); None without it
     conv: ConvPrologue | None = None
+    #: programmatic dependent launch (``enable_pdl``; docs/design.md)
+    pdl: bool = False
 
     @property
     def norm_activation(self) -> str | None:
@@ -152,6 +155,7 @@ def check_call(
     conv_bias=None,
     conv_activation="silu",
     intermediate_conv_windows=None,
+    enable_pdl=None,
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first). The checks run in
@@ -248,6 +252,7 @@ def check_call(
         uniform_seqlen=uniform_seqlen,
         norm=norm,
         conv=conv,
+        pdl=check_enable_pdl(enable_pdl),
     )
 
 

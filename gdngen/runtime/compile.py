@@ -15,7 +15,7 @@ from gdngen.terms import kernel_serves_head_dims
 
 from .arg_checks import VECTOR_ALIGN
 from .checks import Call
-from .kernel_args import KERNEL_ARGS, KernelArg
+from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS, KernelArg
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
 
@@ -66,6 +66,10 @@ class CompileKey:
     conv_width: int | None = None
     conv_bias: bool = False
     conv_activation: str | None = None
+    #: programmatic dependent launch (docs/design.md, "Programmatic dependent launch"): the
+    #: kernel loads what the grid before it cannot have written (state, weights, index
+    #: tables), then waits for that grid, then reads its inputs
+    pdl: bool = False
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call) -> "CompileKey":
@@ -98,6 +102,7 @@ class CompileKey:
             conv_width=None if call.conv is None else call.conv.width,
             conv_bias=call.conv is not None and call.conv.bias is not None,
             conv_activation=None if call.conv is None else call.conv.activation,
+            pdl=call.pdl,
         )
 
     @property
@@ -258,11 +263,12 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         # run-time values: any stands in
         "scale": cutlass.Float32(1.0),
         "norm_eps": cutlass.Float32(1e-6),
+        "launch_pdl": cutlass.Int32(0),
     }
     return [
         *(
             run_time[arg.name] if not arg.compile_time else option_value(key, arg)
-            for arg in KERNEL_ARGS
+            for arg in KERNEL_ARGS + LAUNCH_ONLY_ARGS
         ),
         make_fake_stream(use_tvm_ffi_env_stream=True),
     ]

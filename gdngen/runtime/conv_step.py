@@ -22,7 +22,7 @@ import torch
 from gdngen.terms import conv_step_name
 
 from .compile import CompileKey, fake_arguments
-from .kernel_args import KERNEL_ARGS, RUN_TIME_ARGS
+from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS, RUN_TIME_ARGS
 
 #: the conv step's parameters, in ``launch``'s order (gdngen.device.conv_step), and where each
 #: comes from: a decode kernel's run-time argument of that name, the workspace, or a size
@@ -32,13 +32,15 @@ INDICES = ("read_slots", "write_slots", "num_accepted", "cu_seqlens", "cache_row
 SIZES = ("pool_size", "cache_count")
 CONV = ("conv_state", "conv_weight", "conv_bias", "conv_windows")
 OPTIONS = (
-    "T", "null_slot", "per_token_slots", "uniform_rows", "write_state", "conv_activation",
+    "T", "null_slot", "per_token_slots", "uniform_rows", "write_state", "conv_activation", "pdl",
 )  # fmt: skip
 
 #: where the decode kernel's run-time arguments sit in a launch tuple: the ones the split
 #: launch reads, looked up once here rather than per call
 _AT = {arg.name: index for index, arg in enumerate(RUN_TIME_ARGS)}
-_Q, _K, _V, _STATE, _CACHE = (_AT[name] for name in ("q", "k", "v", "state", "cache"))
+_Q, _K, _V, _STATE, _CACHE, _LAUNCH_PDL = (
+    _AT[name] for name in ("q", "k", "v", "state", "cache", "launch_pdl")
+)
 _INDICES_AT = tuple(_AT[name] for name in INDICES)
 _CONV_AT = tuple(_AT[name] for name in CONV)
 #: what the decode kernel takes only with the prologue: None in the split plan
@@ -68,18 +70,19 @@ def without_prologue(key: CompileKey) -> CompileKey:
 
 def fake_conv_step_arguments(key: CompileKey) -> list:
     """Stand-ins for the conv step's ``launch`` arguments (its order: INPUTS, OUTPUTS, INDICES,
-    SIZES, CONV, OPTIONS, the stream), from the decode kernel's stand-ins for the same key."""
+    SIZES, CONV, OPTIONS, ``launch_pdl``, the stream), from the decode kernel's stand-ins for
+    the same key."""
     import cutlass
 
     # The recurrent pool's layout does not matter: the step reads no state, only its size.
-    names = [arg.name for arg in KERNEL_ARGS] + ["stream"]
+    names = [arg.name for arg in KERNEL_ARGS + LAUNCH_ONLY_ARGS] + ["stream"]
     inputs = dict(zip(names, fake_arguments(key, "k_last")))
     outputs = dict(zip(names, fake_arguments(key, "k_last")))
     sizes = [cutlass.Int64(0) for _ in SIZES]  # run-time values: any stands in
     options = dict(
         T=key.tokens, null_slot=key.null_slot, per_token_slots=key.per_token_slots,
         uniform_rows=key.uniform_rows, write_state=key.write_final_state or key.per_token_slots,
-        conv_activation=key.conv_activation,
+        conv_activation=key.conv_activation, pdl=key.pdl,
     )  # fmt: skip
     return [
         *(inputs[name] for name in INPUTS),
@@ -88,6 +91,7 @@ def fake_conv_step_arguments(key: CompileKey) -> list:
         *sizes,
         *(inputs[name] for name in CONV),
         *(options[name] for name in OPTIONS),
+        inputs["launch_pdl"],
         inputs["stream"],
     ]
 
@@ -136,10 +140,13 @@ class ConvRows:
 
 class SplitLaunch:
     """The split plan's kernel: called with the decode kernel's run-time arguments (as the fused
-    plan's kernel is), it runs the conv step, then the decode kernel on the workspace."""
+    plan's kernel is), it runs the conv step, then the decode kernel on the workspace. The step
+    takes the call's ``launch_pdl``; with PDL (``pdl``) the decode kernel overlaps the step's
+    tail whatever it is, as the step writes nothing the kernel reads before its wait."""
 
-    def __init__(self, conv_step, kernel, rows: ConvRows) -> None:
+    def __init__(self, conv_step, kernel, rows: ConvRows, pdl: bool) -> None:
         self.conv_step, self.kernel, self.rows = conv_step, kernel, rows
+        self.kernel_pdl = int(pdl)
 
     def __call__(self, *arguments) -> None:
         q, k, v = arguments[_Q], arguments[_K], arguments[_V]
@@ -149,10 +156,11 @@ class SplitLaunch:
             q, k, v, q_out, k_out, v_out,
             *(arguments[at] for at in _INDICES_AT),
             arguments[_STATE].shape[0], 0 if cache is None else cache.shape[0],
-            *(arguments[at] for at in _CONV_AT),
+            *(arguments[at] for at in _CONV_AT), arguments[_LAUNCH_PDL],
         )  # fmt: skip
         rest = list(arguments)
         rest[_Q], rest[_K], rest[_V] = q_out, k_out, v_out
+        rest[_LAUNCH_PDL] = self.kernel_pdl
         for at in _PROLOGUE_ONLY_AT:
             rest[at] = None
         self.kernel(*rest)

@@ -43,6 +43,17 @@ def check_options(use_qk_l2norm, disable_state_update, uniform_seqlen, state_lay
     )
 
 
+def check_enable_pdl(enable_pdl) -> bool:
+    """``enable_pdl``, FlashInfer's keyword: None (the default) is FlashInfer's choice, on where
+    the device supports programmatic dependent launch (compute capability 9.0 and newer, which
+    every target gdngen generates is)."""
+    if enable_pdl is None:
+        return True
+    if not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
+    return enable_pdl
+
+
 def token_dims(tokens: Tokens, q) -> tuple:
     """The leading dims every per-token tensor shares with q."""
     return (1, tokens.total_tokens) if tokens.packed else (tokens.rows, q.shape[1])

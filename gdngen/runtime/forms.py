@@ -84,6 +84,8 @@ class Form:
     conv_width: int | None = None
     conv_bias: bool = True
     conv_activation: str = "silu"
+    #: programmatic dependent launch: what a call passing no ``enable_pdl`` gets
+    pdl: bool = True
 
     @property
     def stores_token_states(self) -> bool:
@@ -121,6 +123,7 @@ class Form:
             norm_weight_dtype=None if self.norm_activation is None else self.norm_weight_dtype,
             conv_width=self.conv_width, conv_bias=self.conv_width is not None and self.conv_bias,
             conv_activation=None if self.conv_width is None else self.conv_activation,
+            pdl=self.pdl,
         )  # fmt: skip
 
 
@@ -176,8 +179,9 @@ def spec_forms(build) -> list[Form]:
             use_qk_l2norm=build.use_qk_l2norm, packed=packed, null_slot=null_slot,
             uniform_rows=uniform, exact_slot_table=exact,
             norm_activation=None if fused == "none" else build.norm_activation,
-            conv_width=build.conv_width if fused == "core" else None,
+            conv_width=build.conv_width if fused == "core" else None, pdl=pdl,
         )  # fmt: skip
+        for pdl in build.pdl
         for fused in build.fused
         for mode in build.modes
         for slots in build.slots

@@ -23,6 +23,7 @@ INDEX = "index"  # an index table: slots, sequence offsets, cache rows
 WORKSPACE = "workspace"  # a tensor the runtime owns (gdngen.runtime.workspace)
 SCALAR = "scalar"  # a run-time number
 OPTION = "option"  # a compile-time value (Constexpr): part of the CompileKey
+LAUNCH = "launch"  # a run-time value of the launch itself, which the kernel does not take
 TENSOR_ROLES = (INPUT, IN_PLACE, INDEX, WORKSPACE)
 
 
@@ -98,6 +99,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("conv_bias"),
     Keyword("conv_activation", "silu"),
     Keyword("intermediate_conv_windows"),
+    Keyword("enable_pdl"),
 )
 
 #: the kernel's parameters, in ``decode_kernel``'s (and ``launch``'s) order: the decode core's
@@ -134,10 +136,18 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
     KernelArg("conv_arrivals", WORKSPACE, source="plan.conv_arrivals"),
     KernelArg("conv_windows", IN_PLACE, source="intermediate_conv_windows"),
     KernelArg("conv_activation", OPTION, "Constexpr[str]", "conv_activation", default="silu"),
+    # Programmatic dependent launch (docs/design.md, "Programmatic dependent launch"): the
+    # kernel waits for the grid before it only where it first reads what that grid may write
+    KernelArg("pdl", OPTION, "Constexpr[bool]", "pdl", default=False),
 )
 
+#: what ``launch`` takes after the kernel's parameters: whether this launch may overlap the
+#: kernel before it on the stream (a run-time value, so that one binary serves both:
+#: gdngen.runtime.pdl decides it per call)
+LAUNCH_ONLY_ARGS: tuple[KernelArg, ...] = (KernelArg("launch_pdl", LAUNCH, "Int32"),)
+
 #: what a launch of the compiled kernel takes, in order (the options are compiled in)
-RUN_TIME_ARGS = tuple(arg for arg in KERNEL_ARGS if not arg.compile_time)
+RUN_TIME_ARGS = tuple(arg for arg in KERNEL_ARGS + LAUNCH_ONLY_ARGS if not arg.compile_time)
 COMPILE_TIME_ARGS = tuple(arg for arg in KERNEL_ARGS if arg.compile_time)
 #: the keywords check_call takes, with the call's defaults
 CHECKED = {keyword.name: keyword.default for keyword in KEYWORDS if keyword.checked}

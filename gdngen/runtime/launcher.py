@@ -44,6 +44,7 @@ from .conv_checks import conv_weight_view as kernel_conv_weight
 from .conv_step import ConvRows, SplitLaunch, conv_step_key, conv_step_module, without_prologue
 from .info import TargetInfo
 from .kernel_args import CHECKED, KEYWORDS, RUN_TIME_ARGS
+from .pdl import STREAM_WRITES, span_bytes
 from .store import kernel_for
 from .siblings import wrong_gpu_message
 from .views import kernel_views, needs_views
@@ -79,7 +80,7 @@ def call_key(
     disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
     uniform_seqlen=False, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
     norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None,
-    conv_bias=None, conv_activation="silu", intermediate_conv_windows=None,
+    conv_bias=None, conv_activation="silu", intermediate_conv_windows=None, enable_pdl=None,
 ) -> tuple:  # fmt: skip
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
@@ -150,7 +151,7 @@ def call_key(
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
         disable_state_update, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
-        norm_activation, conv_activation,
+        norm_activation, conv_activation, type(enable_pdl), enable_pdl,
     )  # fmt: skip
 
 
@@ -180,6 +181,9 @@ def __call__(self, {signature}):
         )
         returned = output if squeeze is None else output.squeeze(squeeze)
     conv_weight_view = None if conv_weight is None else kernel_conv_weight(conv_weight)
+    launch_pdl = STREAM_WRITES.launch_pdl(
+        plan.pdl, plan.device.index, pool, plan.pool_bytes, conv_state, plan.conv_bytes
+    )
     arguments = ({launch_arguments},)
     try:
         if torch.cuda.current_device() == plan.device.index:
@@ -248,6 +252,11 @@ class Plan:
     conv_arrivals: torch.Tensor | None = None
     #: whether the conv1d step runs as a kernel of its own (the split plan)
     split_conv: bool = False
+    #: programmatic dependent launch (the kernel compiled for it), and the bytes of the pools
+    #: whose overlap with the last launch's turns it off for one launch (gdngen.runtime.pdl)
+    pdl: bool = False
+    pool_bytes: int = 0
+    conv_bytes: int = 0
 
 
 class DecodeCall:
@@ -325,6 +334,9 @@ class DecodeCall:
                 None if call.conv is None or split else conv_arrivals(call.conv.state, call.H)
             ),
             split_conv=split,
+            pdl=call.pdl,
+            pool_bytes=span_bytes(call.pool),
+            conv_bytes=0 if call.conv is None else span_bytes(call.conv.state),
         )
 
     def _split_launch(self, key: CompileKey, call: Call, q: torch.Tensor) -> SplitLaunch:
@@ -337,6 +349,7 @@ class DecodeCall:
             kernel_for(step, conv_step_key(key, step.rpartition(".")[2])),
             kernel_for(f"{self._kernels_package()}.{key.variant}", without_prologue(key)),
             rows,
+            key.pdl,
         )
 
     __call__ = _generated_call()

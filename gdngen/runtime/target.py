@@ -13,6 +13,7 @@ from gdngen.dispatch import CallShape, Rule, select
 from gdngen.terms import CONV_ACTIVATIONS, NORM_ACTIVATIONS
 
 from .checks import Call
+from .core_checks import check_enable_pdl
 from .forms import MODES, Form, compile_keys, key_mode
 from .info import TargetInfo
 from .launcher import Choice, DecodeCall
@@ -214,6 +215,7 @@ class Target:
         conv_bias: bool = True,
         conv_activation: str = "silu",
         norm_weight_dtype: str = "bf16",
+        enable_pdl: bool | None = None,
         progress: bool = True,
     ) -> WarmupSummary:
         """Load (from artifacts or the disk cache) or compile every kernel that calls of one engine
@@ -227,7 +229,8 @@ class Target:
         ``norm_activation`` ("silu" or "sigmoid") for calls with the gated RMSNorm epilogue, its
         weight's ``norm_weight_dtype``; ``conv_width`` for calls with the conv1d prologue as
         well (the engine's decode_core), its ``conv_bias`` and ``conv_activation``; where the
-        dispatch splits the conv off, the conv step's kernel is warmed too."""
+        dispatch splits the conv off, the conv step's kernel is warmed too. ``enable_pdl`` as the
+        calls will pass it (None: on, as gdn_decode's default)."""
         info = self.info
         if (layout, state_dtype) not in info.served:
             served = ", ".join(f"{a}/{b}" for a, b in info.served)
@@ -277,6 +280,7 @@ class Target:
             raise ValueError(
                 f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
             )
+        pdl = check_enable_pdl(enable_pdl)
         forms = [
             Form(
                 mode=mode, index_dtype=index_dtype, separate_write_slots=separate_write_slots,
@@ -284,6 +288,7 @@ class Target:
                 use_qk_l2norm=use_qk_l2norm, packed=packed, null_slot=null_slot,
                 norm_activation=norm_activation, norm_weight_dtype=norm_weight_dtype,
                 conv_width=conv_width, conv_bias=conv_bias, conv_activation=conv_activation,
+                pdl=pdl,
             )  # fmt: skip
             for mode in modes
         ]
