@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from gdngen.bench.mtp_inputs import (
     parameters,
     written_slots,
 )
-from gdngen.bench.mtp_report import ADAPTER, PORT, TARGET_SPEEDUP, dump, markdown, summary
+from gdngen.bench.mtp_report import ADAPTER, PORT, TARGET_SPEEDUP, dump, join, markdown, summary
 from gdngen.measure import environment
 from gdngen.measure.summary import geometric_mean
 from gdngen.measure.vllm_source import write_bundle
@@ -83,7 +84,7 @@ def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         mtp.parse_args(argv + (["--out", "o"] if argv else []))
     assert exit_.value.code == 2
-    assert __import__("re").search(message, capsys.readouterr().err)
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_a_cells_bytes():
@@ -340,6 +341,29 @@ def test_a_slower_cell_or_one_not_timed_misses_the_target():
 
     assert summary([refused])["overall"] is None
     assert "not met." in markdown([refused], ENV)
+
+
+def test_runs_split_over_commands_join_into_one_report(tmp_path, capsys):
+    bf16 = [record("bf16", "qwen3.5", 2, b, 30.0, 20.0) for b in (1, 4)]
+    fp32 = [record("fp32", "qwen3.5", 2, 1, 26.0, 20.0)]
+    paths = []
+    for name, records, uuid in (("a", bf16, "GPU-1"), ("b", fp32, "GPU-2")):
+        paths.append(tmp_path / name / "mtp.json")
+        paths[-1].parent.mkdir()
+        paths[-1].write_text(dump(records, dict(ENV, gpu_uuid=uuid)))
+    assert mtp.main(["--tables", *map(str, paths), "--out", str(tmp_path / "all")]) == 0
+    joined = json.loads((tmp_path / "all" / "mtp.json").read_text())
+    assert joined["records"] == bf16 + fp32
+    assert [run["gpu_uuid"] for run in joined["environment"]["joined"]] == ["GPU-1", "GPU-2"]
+    assert joined["summary"]["overall"] == pytest.approx((1.5 * 1.5 * 1.3) ** (1 / 3))
+    text = (tmp_path / "all" / "mtp.md").read_text()
+    assert "| fp32 | qwen3.5 | 1 | 1.30x |" in text and text in capsys.readouterr().out
+
+    other_gpu = json.loads(dump(fp32, dict(ENV, gpu="NVIDIA H200")))
+    with pytest.raises(ValueError, match="the runs are of different GPUs"):
+        join([json.loads(paths[0].read_text()), other_gpu])
+    with pytest.raises(ValueError, match="the cell bf16 qwen3.5 1\\+S=2 B=1 is in more than one"):
+        join([json.loads(paths[0].read_text())] * 2)
 
 
 def test_no_driver_without_nvidia_smi(monkeypatch):

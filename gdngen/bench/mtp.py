@@ -19,7 +19,8 @@ reason and not timed, and the run exits with status 1 after the other cells.
 
 Writes ``mtp.json`` (after every cell) and ``mtp.md``: per cell the µs of both, port / adapter
 and the variant the dispatch picked for the adapter's call; the geometric means per (state
-dtype, model) and overall (gdngen.bench.mtp_report).
+dtype, model) and overall (gdngen.bench.mtp_report). ``--tables A/mtp.json B/mtp.json --out C``
+joins the records of runs split over several commands into one report.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from gdngen.bench.mtp_inputs import (
     parameters,
     written_slots,
 )
-from gdngen.bench.mtp_report import ADAPTER, PORT, dump, markdown, ratio
+from gdngen.bench.mtp_report import ADAPTER, PORT, dump, join, markdown, ratio
 from gdngen.engines.vllm import VllmGdn
 from gdngen.measure.environment import environment
 from gdngen.measure.summary import relative_error
@@ -197,6 +198,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default="h200", help="the generated target (generated.<target>)")
     p.add_argument("--out", type=Path, required=True, help="folder for mtp.json and mtp.md")
+    p.add_argument(
+        "--tables", type=Path, nargs="+", default=None, metavar="MTP_JSON",
+        help="time nothing: join the mtp.json of several runs (e.g. one per state dtype) into "
+        "one report in --out",
+    )  # fmt: skip
     p.add_argument("--batches", type=partial(_ints, "--batches"), default="1,4,16,64,256")
     p.add_argument(
         "--tokens", type=partial(_ints, "--tokens"), default="2,4",
@@ -233,8 +239,25 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[MtpCell]]:
     return args, cells
 
 
+def write_report(out: Path, records: list[dict], env: dict) -> None:
+    text = markdown(records, env)
+    (out / "mtp.md").write_text(text)
+    print(text)
+
+
+def tables(paths: list[Path], out: Path) -> int:
+    """One report of the records of several runs (``--tables``)."""
+    records, env = join([json.loads(path.read_text()) for path in paths])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mtp.json").write_text(dump(records, env))
+    write_report(out, records, env)
+    return 1 if any(r["us"] is None for r in records) else 0
+
+
 def main(argv=None) -> int:
     args, cells = parse_args(argv)
+    if args.tables:
+        return tables(args.tables, args.out)
     vllm = vllm_kernels(args.vllm_src)
     if isinstance(vllm, str):
         print(f"vLLM's Triton port is needed: {vllm}", file=sys.stderr)
@@ -250,9 +273,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()  # the next cell's pools differ in size
         print(json.dumps(records[-1]), flush=True)
         (args.out / "mtp.json").write_text(dump(records, env))
-    text = markdown(records, env)
-    (args.out / "mtp.md").write_text(text)
-    print(text)
+    write_report(args.out, records, env)
     return 1 if any(r["us"] is None for r in records) else 0
 
 
