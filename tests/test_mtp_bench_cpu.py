@@ -26,10 +26,12 @@ from gdngen.bench.mtp_inputs import (
     written_slots,
 )
 from gdngen.bench.mtp_report import ADAPTER, PORT, TARGET_SPEEDUP, dump, join, markdown, summary
+from gdngen.engines.vllm import VllmGdn
 from gdngen.measure import environment
 from gdngen.measure.summary import geometric_mean
 from gdngen.measure.vllm_source import write_bundle
 from tests.spec_helpers import ROOT
+from tests.vllm_mtp import reference_gdn_decode
 
 TINY = dict(H=2, K=16, V=16)
 
@@ -270,6 +272,58 @@ def test_the_variant_is_the_one_prepare_names_for_the_adapters_call():
     assert prepared["max_seqlen"] == 4 and prepared["null_slot"] == 0
     assert prepared["use_qk_l2norm"] is True and prepared["uniform_seqlen"] is False
     assert (prepared["norm_eps"], prepared["norm_activation"]) == (1e-6, "silu")
+
+
+# -- a cell from end to end ----------------------------------------------------------------------
+
+
+class StandInTarget:
+    """A target whose gdn_decode is the float64 stand-in (tests.vllm_mtp), with a prepare."""
+
+    def __init__(self, prepare=lambda **arguments: "kl_stand_in"):
+        def gdn_decode(**arguments):
+            return reference_gdn_decode(**arguments)
+
+        gdn_decode.prepare = prepare
+        self.gdn_decode = gdn_decode
+
+
+def fake_timer(calls):
+    """time_side_by_side without a GPU: each entry's calls run once, and made-up µs."""
+    timed = {}
+    for name, entry in calls.items():
+        for call in entry:
+            call()
+        timed[name] = {PORT: 12.0, ADAPTER: 8.0}[name]
+    return timed
+
+
+def test_a_cell_from_its_sets_to_its_record(monkeypatch):
+    monkeypatch.setattr(mtp, "rotating_sets", lambda set_bytes: 3)
+    monkeypatch.setattr(mtp, "time_side_by_side", fake_timer)
+    cell = MtpCell(batch=3, tokens=2, HV=4, state_dtype="fp32", **TINY)
+    # vLLM's op as the adapter over the same stand-in: the two agree
+    port = VllmGdn(reference_gdn_decode).fused_gdn_decode_post_conv_mtp
+    record = mtp.run_cell(cell, StandInTarget(), port, device="cpu")
+    assert record["sets"] == 3 and record["variant"] == "kl_stand_in"
+    assert record["errors"]["output"] < 1e-2 and record["errors"]["state"] < 1e-12
+    assert record["us"] == {PORT: 12.0, ADAPTER: 8.0} and record["ratio"] == 1.5
+    assert (record["model"], record["HV"], record["tokens"], record["batch"]) == ("HV=4", 4, 2, 3)
+
+    record = mtp.run_cell(cell, StandInTarget(), off_by(1.1), device="cpu")
+    assert record["us"] is None and record["not_timed"].startswith("disagrees: the outputs differ")
+
+
+def test_a_call_gdngen_refuses_is_reported_not_timed(monkeypatch):
+    monkeypatch.setattr(mtp, "rotating_sets", lambda set_bytes: 2)
+
+    def refuse(**arguments):
+        raise ValueError("max_seqlen: at most 8")
+
+    cell = MtpCell(batch=2, tokens=2, HV=4, state_dtype="bf16", **TINY)
+    record = mtp.run_cell(cell, StandInTarget(refuse), stand_in_op, device="cpu")
+    assert record["us"] is None
+    assert record["not_timed"] == "gdngen refuses the call: max_seqlen: at most 8"
 
 
 # -- the report ----------------------------------------------------------------------------------

@@ -155,14 +155,15 @@ def dispatched_variant(gdn_decode, s: dict) -> str:
     return gdn_decode.prepare(**recorded)
 
 
-def run_cell(cell: MtpCell, target, port) -> dict:
-    """One cell: its input sets, the variant, the check, and (if both agree) the timing."""
+def run_cell(cell: MtpCell, target, port, device: str = "cuda") -> dict:
+    """One cell: its input sets, the variant, the check, and (if both agree) the timing.
+    ``target``: a generated target (its ``gdn_decode``); ``port``: vLLM's op."""
     record = dict(
         batch=cell.batch, tokens=cell.tokens, H=cell.H, HV=cell.HV, K=cell.K, V=cell.V,
         model=cell.model, state_dtype=cell.state_dtype,
     )  # fmt: skip
-    params = parameters(cell, "cuda")
-    sets = [mtp_set(cell, params, i, "cuda") for i in range(rotating_sets(cell.moved_bytes()))]
+    params = parameters(cell, device)
+    sets = [mtp_set(cell, params, i, device) for i in range(rotating_sets(cell.moved_bytes()))]
     adapter = VllmGdn(target.gdn_decode).fused_gdn_decode_post_conv_mtp
     record["sets"] = len(sets)
     try:
