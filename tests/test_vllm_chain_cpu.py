@@ -20,6 +20,7 @@ import torch
 
 from gdngen.bench import core
 from gdngen.bench.vllm_chain import native_gated_rmsnorm, split_heads
+from gdngen.measure.summary import relative_error
 from gdngen.measure.vllm_kernels import CudaPlatformStandIn, vllm_kernels
 from gdngen.measure.vllm_source import (
     CONSTANTS_MODULE,
@@ -347,7 +348,7 @@ def test_relative_error_over_chunks_is_the_whole_tensors():
     expected = torch.randn(5, 7, generator=gen).t()  # strided: its flat order is the logical one
     got = expected + 0.01 * torch.randn(7, 5, generator=gen)
     whole = float((got.double() - expected.double()).norm() / expected.double().norm())
-    assert core.relative_error(got, expected, chunk=3) == pytest.approx(whole, rel=1e-12)
+    assert relative_error(got, expected, chunk=3) == pytest.approx(whole, rel=1e-12)
 
 
 def test_the_state_digest_tells_a_transposed_or_moved_state():

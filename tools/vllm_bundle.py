@@ -8,6 +8,7 @@ the few modules they import, read from the wheel (no install, no GPU); the wheel
 never committed. On the GPU machine:
 
     python -m gdngen.bench.core --vllm-src vllm-gdn.tar.xz ...
+    python -m gdngen.bench.mtp --vllm-src vllm-gdn.tar.xz --out OUT ...
     GDNGEN_VLLM_SRC=$PWD/vllm-gdn.tar.xz python -m pytest -q tests/gpu/test_vllm_mtp_gpu.py
 
 (or unpack it with ``tar -xJf`` and pass the folder, or set ``GDNGEN_VLLM_SRC``).

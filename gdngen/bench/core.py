@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -50,6 +49,7 @@ from gdngen.bench import vllm_chain
 from gdngen.bench.chain_steps import EPS, fla_conv1d, fla_gated_rmsnorm, torch_gated_rmsnorm
 from gdngen.measure.environment import environment
 from gdngen.measure.impls import FlashInfer
+from gdngen.measure.summary import geometric_mean, relative_error
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.measure.vllm_kernels import SOURCE_ENV, VllmKernels, vllm_kernels
 from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
@@ -260,18 +260,6 @@ def check_fused(s: dict, fused, chain, conv: bool) -> float:
     return error
 
 
-def relative_error(got: torch.Tensor, expected: torch.Tensor, chunk: int = 1 << 26) -> float:
-    """``|got - expected| / |expected|`` over whole tensors, in float64 a chunk of elements at a
-    time (a pool in float64 at once would not fit beside the sets)."""
-    got, expected = got.reshape(-1), expected.reshape(-1)
-    squares = [0.0, 0.0]
-    for start in range(0, expected.numel(), chunk):
-        e = expected[start : start + chunk].double()
-        squares[0] += float((got[start : start + chunk].double() - e).pow(2).sum())
-        squares[1] += float(e.pow(2).sum())
-    return math.sqrt(squares[0] / squares[1])
-
-
 def state_digest(pool: torch.Tensor, slots: int = 16) -> torch.Tensor:
     """Each row of the pool's states projected on one fixed random vector, in float64 (``[slots,
     HV, V]``): what a wrong slot, head, row or column order changes, at a fraction of the pool's
@@ -348,10 +336,6 @@ def split_ratio(us: dict) -> str:
     if "split plan" not in us:
         return "-"
     return f"{us['split plan'] / us['recurrence alone']:.3f}"
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def markdown(records: list[dict], env: dict) -> str:

@@ -27,6 +27,18 @@ def gpu_uuid() -> str | None:
     return None if uuid is None else f"GPU-{uuid}"
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi prints it (e.g. 570.133.20), None without one."""
+    try:
+        lines = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return lines[0] if lines else None
+
+
 def environment() -> dict:
     def version(package: str) -> str | None:
         try:
@@ -35,7 +47,8 @@ def environment() -> dict:
             return None
 
     versions = {"torch": torch.__version__, "python": platform.python_version()}
-    for package in ("nvidia-cutlass-dsl", "flashinfer-python", "fla-core", "apache-tvm-ffi"):
+    packages = ("nvidia-cutlass-dsl", "triton", "flashinfer-python", "fla-core", "apache-tvm-ffi")
+    for package in packages:
         versions[package] = version(package)
     for module, key in (("flashinfer", "flashinfer-python"), ("fla", "fla-core")):
         if versions[key] is None:
@@ -49,6 +62,7 @@ def environment() -> dict:
         # theirs: CUDA_VISIBLE_DEVICES renumbers the cards, the UUID does not)
         "gpu_uuid": gpu_uuid(),
         "sm": "sm_{}{}".format(*torch.cuda.get_device_capability()),
+        "driver": driver_version(),
         "versions": versions,
         "gdngen_commit": source_commit(),
     }
