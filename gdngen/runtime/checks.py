@@ -18,6 +18,7 @@ import torch
 from .arg_checks import require_tensor
 from .conv_checks import ConvPrologue, check_conv
 from .core_checks import (
+    check_backend,
     check_core_layout,
     check_core_tensors,
     check_devices,
@@ -136,7 +137,8 @@ def check_call(
     output_state_indices,
     intermediate_states_buffer,
     disable_state_update,
-    state_layout,
+    backend="auto",
+    state_layout="k_last",
     null_slot=-1,
     cu_seqlens=None,
     max_seqlen=None,
@@ -182,6 +184,7 @@ def check_call(
     null_slot = check_options(
         use_qk_l2norm, disable_state_update, uniform_seqlen, state_layout, null_slot
     )
+    check_backend(backend)
     tokens = check_tokens(info, q, cu_seqlens, max_seqlen, uniform_seqlen)
     gate_dtype, dt_bias_dtype = check_core_tensors(tokens, q, k, v, a, b, A_log, dt_bias)
     HV, V = v.shape[2], v.shape[3]

@@ -80,6 +80,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("output_state_indices"),
     Keyword("intermediate_states_buffer"),
     Keyword("disable_state_update", False),
+    Keyword("backend", "auto"),
     Keyword("state_layout", "k_last"),
     Keyword("check_indices", False),
     Keyword("null_slot", -1),

@@ -76,7 +76,7 @@ def launch_device(q):
 def call_key(
     q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
     initial_state_indices, output_state_indices, intermediate_states_buffer,
-    disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
+    disable_state_update, backend, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
     uniform_seqlen=False, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
     norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None,
     conv_bias=None, conv_activation="silu", intermediate_conv_windows=None,
@@ -149,7 +149,7 @@ def call_key(
         ),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
-        disable_state_update, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
+        disable_state_update, backend, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
         norm_activation, conv_activation,
     )  # fmt: skip
 
