@@ -27,6 +27,9 @@ FORMS = {
     "sglang_verify": dict(
         cu_seqlens_dtype="int32", cache=True, cache_rows=True, write_final_state=False
     ),
+    # FlashInfer's write slots, a negative entry storing nothing (the row still computed), with
+    # the verify cache beside them
+    "flashinfer_write_slots": dict(separate_write_slots=True, cache=True),
 }
 KERNELS = [
     ("h200", "sm_90a", "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90"),

@@ -11,8 +11,10 @@ returns plain DSL values and the kernel body reads the same names whatever the f
   kernel gives them no decay and no write strength, so they leave the state unchanged, and
   stores nothing for them.
 - ``row_slots``: the state slot read, the slot written (or the per-token slot table), and whether
-  the row owns them. A slot ``<= null_slot`` is padding: the row outputs zeros and touches no
-  state. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
+  the row owns them. A read slot ``<= null_slot`` is padding: the row outputs zeros and touches no
+  state. A separate write slot ``<= null_slot`` (FlashInfer's negative ``output_state_indices``
+  entry) writes nothing: the row still reads its slot, computes and stores its output (and its
+  verify cache), but its final state is not stored. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
   index (only reachable without the opt-in index check): the row outputs NaN, so that it shows,
   and touches no state either.
 - ``row_span``: where the row's tokens start and how many there are (the conv1d prologue's
@@ -94,10 +96,15 @@ class RowSlots:
     #: Boolean: the read slot may be loaded (owned, before the placement check, so that the
     #: state's load waits for the slots alone; a row found unplaced stores nothing)
     readable: object = None
+    #: Boolean: the final state is stored to ``write`` (owned, and a separate write slot that
+    #: is not padding); the same value as ``owned`` where the call has no separate write slots
+    writes: object = None
 
     def __post_init__(self):
         if self.readable is None:
             self.readable = self.owned
+        if self.writes is None:
+            self.writes = self.owned
 
 
 def row_slots(
@@ -113,7 +120,9 @@ def row_slots(
         exact_table_tokens,
     )  # fmt: skip
     if placed is not None:
+        writes_when_owned = slots.writes is slots.owned
         slots.owned = slots.owned & placed
+        slots.writes = slots.owned if writes_when_owned else slots.writes & placed
     return slots
 
 
@@ -157,9 +166,17 @@ def _row_slots(
         owned = column_ok & live & (read < pool_size)
         return RowSlots(read=read, write=read, owned=owned, padded=column_ok & (read <= null_slot))
     read = Int64(read_slots[n64])
-    write = read
     if write_slots is not None:
+        # FlashInfer's meaning of a write slot that is padding: the row reads, computes and
+        # outputs as any other, and stores no final state. A write slot past the pool is a bad
+        # index (NaN output, nothing stored), as a read slot past it is.
         write = Int64(write_slots[n64])
+        owned = (read > null_slot) & (read < pool_size) & (write < pool_size)
+        return RowSlots(
+            read=read, write=write, owned=owned, padded=read <= null_slot,
+            writes=owned & (write > null_slot),
+        )  # fmt: skip
+    write = read
     padded = (read <= null_slot) | (write <= null_slot)
     owned = (read > null_slot) & (write > null_slot) & (read < pool_size) & (write < pool_size)
     return RowSlots(read=read, write=write, owned=owned, padded=padded)
@@ -178,6 +195,12 @@ class ConvSlots:
     write: object  # Int64 conv slot the new columns go to
     owned: object  # Boolean: the row owns its recurrent slots and the conv slot is live
     offset: object  # Int64 column where the window starts in the slot read
+    #: Boolean: the conv state advances (with the recurrent one: RowSlots.writes)
+    writes: object = None
+
+    def __post_init__(self):
+        if self.writes is None:
+            self.writes = self.owned
 
 
 def conv_slots(n64, slots: RowSlots, read_slots, num_accepted, per_token_slots: bool,
@@ -186,7 +209,10 @@ def conv_slots(n64, slots: RowSlots, read_slots, num_accepted, per_token_slots: 
     slot table, one slot a row (its column 0, which keeps every token's input: see
     conv.new_columns), the window starting at column ``num_accepted - 1``."""
     if not per_token_slots:
-        return ConvSlots(read=slots.read, write=slots.write, owned=slots.owned, offset=Int64(0))
+        return ConvSlots(
+            read=slots.read, write=slots.write, owned=slots.owned, offset=Int64(0),
+            writes=slots.writes,
+        )  # fmt: skip
     slot = Int64(read_slots[n64, 0])
     offset = Int64(0)
     if num_accepted is not None:

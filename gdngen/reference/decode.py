@@ -92,8 +92,9 @@ def reference_decode(
     """One call of GDN decode on T tokens.
 
     ``pool`` is [P, HV, V, K] (k_last) or [P, HV, K, V] (v_last); without ``read_slots`` batch row
-    n uses slot n. A row whose read or write slot is negative is padded: output zeros, nothing
-    read or written.
+    n uses slot n. A row whose read slot is negative is padded: output zeros, nothing read or
+    written. A row whose write slot alone is negative (FlashInfer's meaning) is computed as any
+    other and stores no final state.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -103,7 +104,7 @@ def reference_decode(
     rows = torch.arange(B, device=device)
     reads = rows if read_slots is None else read_slots.long()
     writes = reads if write_slots is None else write_slots.long()
-    live = (reads >= 0) & (writes >= 0)
+    live = reads >= 0
 
     h = pool[reads.clamp(min=0)].double()  # [B, HV, ...]
     if state_layout == "v_last":
@@ -119,7 +120,8 @@ def reference_decode(
     new_pool = pool.clone()
     if not disable_state_update:
         stored = (h if state_layout == "k_last" else h.transpose(-1, -2)).to(pool.dtype)
-        new_pool[writes[live]] = stored[live]
+        writing = live & (writes >= 0)
+        new_pool[writes[writing]] = stored[writing]
     return ReferenceResult(
         output=output,
         pool=new_pool,
@@ -165,8 +167,10 @@ def reference_call(
 
     A row is a batch row, or a packed sequence. Its initial state comes from its read slot: slot
     n of a dense state, ``read_slots[n]``, or column ``num_accepted[n] - 1`` (column 0 without
-    it) of a [N, 1 + S] per-token table. A read or write slot ``<= null_slot`` makes the row
-    padding: zero output, no state or cache touched. Otherwise the state after token t goes to
+    it) of a [N, 1 + S] per-token table. A read slot ``<= null_slot`` makes the row padding:
+    zero output, no state or cache touched. A write slot ``<= null_slot`` (FlashInfer's negative
+    ``output_state_indices`` entry) stores no final state; the row is otherwise computed and
+    stored as any other. Otherwise the state after token t goes to
     the table's column t (per-token slots), to ``cache[cache_rows[n] or n, t]`` when a cache is
     given (skipped where the cache row is padding), and the final state to the write slot unless
     ``disable_state_update`` (or per-token slots) says not to. Stored states are rounded to the
@@ -203,7 +207,7 @@ def reference_call(
         else:
             read = int(tables["read"][n])
             write = read if tables["write"] is None else int(tables["write"][n])
-        live = read > null_slot and write > null_slot
+        live = read > null_slot
         if tables["read"] is None:
             live = True
         count = output[lead, tokens].shape[0]
@@ -224,7 +228,7 @@ def reference_call(
                 slot = int(tables["read"][n, t])
                 if slot > null_slot:
                     new_pool[slot] = k_last(states[0, t]).to(pool.dtype)
-        elif not disable_state_update:
+        elif not disable_state_update and write > null_slot:
             new_pool[write] = k_last(final).to(pool.dtype)
         if cache is not None:
             row = n if tables["cache"] is None else int(tables["cache"][n])

@@ -338,9 +338,10 @@ def check_index_values(call: Call) -> None:
                 )
             else:
                 out = table
-            owned = (table > null) & (out > null)
+            # A write slot that is padding stores no final state; the row is still computed.
+            owned = table > null
             if call.write_final_state:
-                writes.append(out[owned])
+                writes.append(out[owned & (out > null)])
     seen = torch.cat(writes) if writes else torch.empty(0, dtype=torch.int64)
     if seen.numel() != seen.unique().numel():
         values, counts = seen.unique(return_counts=True)
