@@ -19,7 +19,9 @@ returns plain DSL values and the kernel body reads the same names whatever the f
   and touches no state either.
 - ``row_span``: where the row's tokens start and how many there are (the conv1d prologue's
   state ends at the last).
-- ``token_slot``: with a per-token slot table, the slot receiving the state after token t.
+- ``token_slot``: with a per-token slot table (vLLM's [N, 1 + S], or FlashInfer's
+  ``ssm_state_indices [N, T]`` beside [N] read slots), the slot receiving the state after
+  token t.
 - ``conv_slots``: the conv1d prologue's state slots and where its window starts.
 
 Slots are widened to 64 bits before they scale a stride: pool offsets pass 2^31.
@@ -134,6 +136,16 @@ def _row_slots(
         # A dense state: row n uses slot n, which the checks made sure exists.
         owned = (n64 >= 0) & (n64 < pool_size)
         return RowSlots(read=n64, write=n64, owned=owned, padded=n64 < 0)
+    if per_token_slots and write_slots is not None:
+        # FlashInfer's per-token scatter: the initial state from the [N] read slot, the state
+        # after token t to ssm_state_indices[n, t] (a [N, T] table: its T columns load up front,
+        # beside the read slot; token_slot picks them). No final write.
+        read = Int64(read_slots[n64])
+        columns = [Int64(write_slots[n64, c]) for c in range(exact_table_tokens)]
+        owned = (read > null_slot) & (read < pool_size)
+        return RowSlots(
+            read=read, write=read, owned=owned, padded=read <= null_slot, columns=columns
+        )
     if per_token_slots and exact_table_tokens:
         # Every column is loaded beside num_accepted_tokens, and the initial slot picked among
         # them: no load waits for another. Held opaque, the columns cannot be folded back into

@@ -161,6 +161,7 @@ def reference_call(
     num_accepted: torch.Tensor | None = None,
     cache: torch.Tensor | None = None,
     cache_rows: torch.Tensor | None = None,
+    token_slots: torch.Tensor | None = None,
 ) -> ExpectedCall:
     """Every call form of docs/design.md ("Call forms"), row by row, on the kernel-form tensors
     (q [lead, tokens, H, K], ...; the packed form has lead 1 and ``cu_seqlens``).
@@ -173,8 +174,10 @@ def reference_call(
     stored as any other. Otherwise the state after token t goes to
     the table's column t (per-token slots), to ``cache[cache_rows[n] or n, t]`` when a cache is
     given (skipped where the cache row is padding), and the final state to the write slot unless
-    ``disable_state_update`` (or per-token slots) says not to. Stored states are rounded to the
-    state dtype; nothing else is.
+    ``disable_state_update`` (or per-token slots) says not to. ``token_slots`` [N, T]
+    (FlashInfer's ``ssm_state_indices``, beside [N] read slots): the state after token t goes to
+    ``token_slots[n, t]`` (skipped where that slot is padding), and there is no final write.
+    Stored states are rounded to the state dtype; nothing else is.
     """
     K = q.shape[3]
     HV = v.shape[2]
@@ -182,12 +185,12 @@ def reference_call(
         scale = K**-0.5
     qh, kh = _heads(q, k, HV, scale, use_qk_l2norm)
     g, beta = gates(A_log, a, dt_bias, b)
-    per_token = read_slots is not None and read_slots.dim() == 2
+    per_token = token_slots is not None or (read_slots is not None and read_slots.dim() == 2)
     rows = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     bounds = None if cu_seqlens is None else cu_seqlens.long().tolist()
     tables = {
         name: None if t is None else t.long().cpu()
-        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows))
+        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows), ("scatter", token_slots))
     }  # fmt: skip
 
     output = torch.full(v.shape, float("nan"), dtype=torch.float64, device=q.device)
@@ -201,6 +204,8 @@ def reference_call(
         lead, tokens = (n, slice(None)) if bounds is None else (0, slice(bounds[n], bounds[n + 1]))
         if tables["read"] is None:
             read = write = n
+        elif tables["scatter"] is not None:
+            read = write = int(tables["read"][n])
         elif per_token:
             column = 0 if tables["accepted"] is None else int(tables["accepted"][n]) - 1
             read = write = int(tables["read"][n, column])
@@ -224,8 +229,9 @@ def reference_call(
             output[lead, tokens] = out[0]
             final = states[0, -1]
         if per_token:
+            table = tables["read"] if tables["scatter"] is None else tables["scatter"]
             for t in range(count):
-                slot = int(tables["read"][n, t])
+                slot = int(table[n, t])
                 if slot > null_slot:
                     new_pool[slot] = k_last(states[0, t]).to(pool.dtype)
         elif not disable_state_update and write > null_slot:

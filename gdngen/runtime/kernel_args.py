@@ -89,6 +89,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("uniform_seqlen", False),
     Keyword("num_accepted_tokens"),
     Keyword("intermediate_state_indices"),
+    Keyword("ssm_state_indices"),
     Keyword("mixed_qkv", checked=False),
     Keyword("z"),
     Keyword("norm_weight"),
@@ -107,7 +108,8 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
     *_tensors(INPUT, "q", "k", "v", "a", "b", "A_log", "dt_bias", annotation="cute.Tensor"),
     KernelArg("state", IN_PLACE, "cute.Tensor", source="pool"),
     KernelArg("read_slots", INDEX, source="initial_state_indices"),
-    KernelArg("write_slots", INDEX, source="output_state_indices"),
+    # output_state_indices [N], or FlashInfer's per-token table ssm_state_indices [N, T]
+    KernelArg("write_slots", INDEX, source="write_slots"),
     KernelArg("num_accepted", INDEX, source="num_accepted_tokens"),
     KernelArg("cu_seqlens", INDEX),
     KernelArg("cache_rows", INDEX, source="intermediate_state_indices"),

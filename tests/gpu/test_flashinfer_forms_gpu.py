@@ -8,7 +8,7 @@ import torch
 
 import generated.h200 as h200
 from gdngen.problem import Problem
-from gdngen.reference import reference_decode
+from gdngen.reference import reference_call, reference_decode
 from tests.compare import assert_close
 from tests.gpu.check_call import run_and_check
 
@@ -65,3 +65,71 @@ def test_write_slot_at_null_slot_writes_nothing(null_slot):
     assert_close("pool", pool.double(), ref.pool.double(), torch.bfloat16)
     for slot in (0, 2, 6, 9, 10, 11):  # read by row 1, or owned by no row
         assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [3, 64])
+def test_token_scatter_matches_the_reference(layout, state_dtype, tokens, batch):
+    """ssm_state_indices [B, T]: row n's initial state from initial_state_indices[n], its state
+    after token t into ssm_state_indices[n, t]; row 1 is padding (read slot -1), row 0's second
+    entry is -1 (that token's state is not stored); no final write; every other slot keeps its
+    bits."""
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=batch * (tokens + 1) + 2, seed=batch * 10 + tokens,
+    )  # fmt: skip
+    args = problem.make("cuda")
+    reads = args["initial_state_indices"]
+    pool = args["initial_state"]
+    taken = set(reads.tolist())
+    free = [s for s in range(pool.shape[0]) if s not in taken]
+    scatter = torch.tensor(free[: batch * tokens], dtype=reads.dtype, device="cuda")
+    scatter = scatter.view(batch, tokens).contiguous()
+    reads[1] = -1
+    if tokens > 1:
+        scatter[0, 1] = -1
+    before = pool.clone()
+    output = torch.full_like(args["v"], float("nan"))
+    out, returned = h200.gdn_decode(**args, output=output, ssm_state_indices=scatter)
+    torch.cuda.synchronize()
+    assert returned is pool and out is output
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm, read_slots=reads,
+        state_layout=layout, token_slots=scatter,
+    )  # fmt: skip
+    io = args["q"].dtype
+    assert_close("output", out, want.output, io)
+    stored = scatter[torch.arange(batch, device="cuda") != 1]
+    stored = stored[stored >= 0].long()
+    assert_close("scattered states", pool[stored], want.pool[stored].double(), pool.dtype)
+    untouched = torch.ones(pool.shape[0], dtype=torch.bool, device="cuda")
+    untouched[stored] = False
+    assert torch.equal(pool[untouched], before[untouched]), "a slot the call does not own changed"
+
+
+def test_token_scatter_with_index_checks_and_a_graph():
+    """check_indices=True accepts the call; a captured graph replays it into the same slots."""
+    problem = Problem(batch=4, tokens=3, HV=32, pool_size=20, seed=5)
+    args = problem.make("cuda")
+    scatter = torch.arange(4, 16, dtype=args["initial_state_indices"].dtype, device="cuda")
+    args["initial_state_indices"].copy_(torch.tensor([0, 1, 2, 3]))
+    scatter = scatter.view(4, 3)
+    output = torch.empty_like(args["v"])
+    h200.gdn_decode(**args, output=output, ssm_state_indices=scatter, check_indices=True)
+    pool = args["initial_state"]
+    before = pool.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h200.gdn_decode(**args, output=output, ssm_state_indices=scatter)
+    pool.copy_(before)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], read_slots=args["initial_state_indices"], token_slots=scatter,
+    )  # fmt: skip
+    assert_close("graph output", output, want.output, output.dtype)
+    assert_close("graph states", pool[4:16], want.pool[4:16].double(), pool.dtype)
+    assert torch.equal(pool[16:], before[16:]) and torch.equal(pool[:4], before[:4])
