@@ -31,6 +31,16 @@ def test_bad_input_is_reported_before_the_device_check():
         h200.gdn_decode(**args)
 
 
+def test_flashinfer_backend_is_refused_by_name_before_any_compile():
+    """FlashInfer's keyword is taken; a value naming one of FlashInfer's own kernels is refused
+    before anything compiles, the same through the call and prepare."""
+    before = compiled_count()
+    for call in (h200.gdn_decode, h200.gdn_decode.prepare):
+        with pytest.raises(ValueError, match="backend: 'cake_gdn' asks for FlashInfer's Cake GDN"):
+            call(**_args(), backend="cake_gdn")
+    assert compiled_count() == before
+
+
 def test_prepare_rejects_unknown_options():
     with pytest.raises(
         TypeError, match=r"prepare: unexpected keyword argument\(s\) \['state_dtype'\]"

@@ -306,6 +306,16 @@ BAD = [
     ("l2norm_int", lambda a: dict(use_qk_l2norm=1), TypeError, ["use_qk_l2norm: expected a bool, got int"]),
     ("disable_update_str", lambda a: dict(disable_state_update="no"), TypeError, ["disable_state_update: expected a bool, got str"]),
     ("layout_unknown", lambda a: dict(state_layout="k-last"), ValueError, ["state_layout: expected one of ('k_last', 'v_last'); got 'k-last'"]),
+    # FlashInfer's backend keyword: its values other than "auto" name FlashInfer's own kernels
+    ("backend_flashinfer", lambda a: dict(backend="flashinfer"), ValueError,
+     ["backend: 'flashinfer' asks for FlashInfer's generic kernels, which gdngen cannot run; gdngen accepts backend='auto'"]),
+    ("backend_cake_gdn", lambda a: dict(backend="cake_gdn"), ValueError,
+     ["backend: 'cake_gdn' asks for FlashInfer's Cake GDN kernels", "gdngen accepts backend='auto'"]),
+    ("backend_rubin", lambda a: dict(backend="rubin"), ValueError,
+     ["backend: 'rubin' asks for FlashInfer's Rubin-tuned (SM 10.7) T = 1 kernel", "gdngen accepts backend='auto'"]),
+    ("backend_unknown", lambda a: dict(backend="triton"), ValueError,
+     ["backend: gdngen accepts backend='auto' (its own dispatch); FlashInfer's other values ('flashinfer', 'cake_gdn', 'rubin') name FlashInfer's own kernels; got 'triton'"]),
+    ("backend_none", lambda a: dict(backend=None), TypeError, ["backend: expected a str, one of ('auto',); got NoneType"]),
 ]
 # fmt: on
 
@@ -394,6 +404,12 @@ def test_bad_scale(args, scale, exc_type, fragment):
     fake = on_fake_cuda(args)
     fake["scale"] = scale
     raises(exc_type, fake, fragment)
+
+
+def test_backend_auto_is_accepted(args):
+    """FlashInfer's default names gdngen's own dispatch: the call is the one without it."""
+    fake = on_fake_cuda(args)
+    assert check_call(INFO, **fake, backend="auto") == check_call(INFO, **fake)
 
 
 def test_integer_scale_is_accepted(args):

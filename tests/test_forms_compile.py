@@ -27,6 +27,16 @@ FORMS = {
     "sglang_verify": dict(
         cu_seqlens_dtype="int32", cache=True, cache_rows=True, write_final_state=False
     ),
+    # FlashInfer's write slots, a negative entry storing nothing (the row still computed), with
+    # the verify cache beside them
+    "flashinfer_write_slots": dict(separate_write_slots=True, cache=True),
+    # FlashInfer's per-token scatter: [N] read slots, ssm_state_indices [N, T]
+    "flashinfer_token_scatter": dict(
+        per_token_slots=True,
+        separate_write_slots=True,
+        write_final_state=False,
+        exact_slot_table=True,
+    ),
 }
 KERNELS = [
     ("h200", "sm_90a", "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90"),

@@ -42,7 +42,7 @@ def naive_decode(args: dict, pool: torch.Tensor) -> dict:
     for n in range(B):
         read = n if reads is None else int(reads[n])
         write = read if writes is None else int(writes[n])
-        if read < 0 or write < 0:
+        if read < 0:
             continue  # padded row: zero output, no slot read or written
         live_rows.append(n)
         for hv in range(HV):
@@ -75,7 +75,7 @@ def naive_decode(args: dict, pool: torch.Tensor) -> dict:
                     out[n, t, hv, r] = sum(h[r][c] * qv[c] for c in range(K))
                 states[n, t, hv] = np.array(h)
             finals[n, hv] = np.array(h)
-            if not args["disable_state_update"]:
+            if not args["disable_state_update"] and write >= 0:  # a negative write: no store
                 new_pool[write, hv] = np.array(h).T if v_last else np.array(h)
     return dict(
         output=out,
@@ -149,17 +149,24 @@ def test_reference_matches_naive(fields):
     assert torch.equal(ref.pool[untouched], pool[untouched]), "a slot no live row writes changed"
 
 
-def test_write_slot_negative_pads_the_row():
-    """A row whose write slot alone is negative is padded too: zero output, its read slot kept."""
+def test_negative_write_slot_computes_the_row_and_writes_nothing():
+    """FlashInfer's meaning: a row whose write slot alone is negative reads its slot, computes
+    and outputs as any other, and stores no state: the pool is unchanged but for the other
+    rows' write slots."""
     args = Problem(**SMALL, pool_size=8, separate_write_slots=True, seed=3).make("cpu")
     args["output_state_indices"][2] = -1
     pool = args["initial_state"].double()
     ref, naive = run_both(args, pool)
     compare(ref, naive, pool)
-    assert naive["live"] == [0, 1]
-    assert (ref.output[2] == 0).all()
-    read = int(args["initial_state_indices"][2])
-    assert torch.equal(ref.pool[read], pool[read])
+    assert naive["live"] == [0, 1, 2]
+    assert ref.output[2].abs().sum() > 0
+    # The row's output is the one it has when its state goes elsewhere.
+    args["output_state_indices"][2] = 7
+    assert torch.equal(run_both(args, pool)[0].output[2], ref.output[2])
+    written = args["output_state_indices"][:2].long()
+    untouched = torch.ones(pool.shape[0], dtype=torch.bool)
+    untouched[written] = False
+    assert torch.equal(ref.pool[untouched], pool[untouched])
 
 
 def test_state_is_rounded_only_when_stored():

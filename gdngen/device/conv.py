@@ -101,6 +101,11 @@ class CtaConv:
     def owned(self):
         return self.slots.owned
 
+    @property
+    def writes(self):
+        """The row stores its conv state (rows.ConvSlots.writes)."""
+        return self.slots.writes
+
 
 def cta_conv(
     conv_state, weight, bias, windows, q, k, v, n64, seq, row: RowSlots, read_slots,
@@ -196,7 +201,7 @@ def convolve(
     kept = conv.kept
     for part, loaded, write_now in zip((conv.q, conv.k, conv.v), held, (False, False, write_state)):
         _convolve_part(
-            outputs, loaded, part.written, part.out_first, kept, conv.owned, length, tokens,
+            outputs, loaded, part.written, part.out_first, kept, conv.writes, length, tokens,
             activation, write_now, per_token, threads, part.windows, part.writes_windows,
         )  # fmt: skip
 
@@ -330,7 +335,7 @@ def _convolve_part(
     written: cute.Tensor,
     out_first: Constexpr[int],
     kept: Constexpr[int],
-    owned,
+    writes,
     length: Int64,
     tokens: Constexpr[int],
     activation: Constexpr[str],
@@ -340,7 +345,8 @@ def _convolve_part(
     windows,
     writes_windows,
 ):
-    """A part's outputs from its ``loaded`` rows; with ``write_now``, its new state columns;
+    """A part's outputs from its ``loaded`` rows; with ``write_now``, its new state columns
+    (where the row ``writes``);
     with ``windows`` (where ``writes_windows``), the window after each of the row's tokens."""
     channels = written.shape[0]
     tidx, _, _ = cute.arch.thread_idx()
@@ -350,7 +356,7 @@ def _convolve_part(
             for t in cutlass.range_constexpr(tokens):
                 outputs[t, out_first + c] = conv_token(loaded[r, None], t, kept, tokens, activation)
             if cutlass.const_expr(write_now):
-                if owned:
+                if writes:
                     for j in cutlass.range_constexpr(new_columns(kept, tokens, per_token)):
                         value, write = _new_column(
                             loaded[r, None], j, kept, length, tokens, per_token

@@ -11,13 +11,17 @@ returns plain DSL values and the kernel body reads the same names whatever the f
   kernel gives them no decay and no write strength, so they leave the state unchanged, and
   stores nothing for them.
 - ``row_slots``: the state slot read, the slot written (or the per-token slot table), and whether
-  the row owns them. A slot ``<= null_slot`` is padding: the row outputs zeros and touches no
-  state. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
+  the row owns them. A read slot ``<= null_slot`` is padding: the row outputs zeros and touches no
+  state. A separate write slot ``<= null_slot`` (FlashInfer's negative ``output_state_indices``
+  entry) writes nothing: the row still reads its slot, computes and stores its output (and its
+  verify cache), but its final state is not stored. A slot past the pool, or a ``num_accepted_tokens`` outside ``[1, 1 + S]``, is a bad
   index (only reachable without the opt-in index check): the row outputs NaN, so that it shows,
   and touches no state either.
 - ``row_span``: where the row's tokens start and how many there are (the conv1d prologue's
   state ends at the last).
-- ``token_slot``: with a per-token slot table, the slot receiving the state after token t.
+- ``token_slot``: with a per-token slot table (vLLM's [N, 1 + S], or FlashInfer's
+  ``ssm_state_indices [N, T]`` beside [N] read slots), the slot receiving the state after
+  token t.
 - ``conv_slots``: the conv1d prologue's state slots and where its window starts.
 
 Slots are widened to 64 bits before they scale a stride: pool offsets pass 2^31.
@@ -94,10 +98,15 @@ class RowSlots:
     #: Boolean: the read slot may be loaded (owned, before the placement check, so that the
     #: state's load waits for the slots alone; a row found unplaced stores nothing)
     readable: object = None
+    #: Boolean: the final state is stored to ``write`` (owned, and a separate write slot that
+    #: is not padding); the same value as ``owned`` where the call has no separate write slots
+    writes: object = None
 
     def __post_init__(self):
         if self.readable is None:
             self.readable = self.owned
+        if self.writes is None:
+            self.writes = self.owned
 
 
 def row_slots(
@@ -113,7 +122,9 @@ def row_slots(
         exact_table_tokens,
     )  # fmt: skip
     if placed is not None:
+        writes_when_owned = slots.writes is slots.owned
         slots.owned = slots.owned & placed
+        slots.writes = slots.owned if writes_when_owned else slots.writes & placed
     return slots
 
 
@@ -125,6 +136,16 @@ def _row_slots(
         # A dense state: row n uses slot n, which the checks made sure exists.
         owned = (n64 >= 0) & (n64 < pool_size)
         return RowSlots(read=n64, write=n64, owned=owned, padded=n64 < 0)
+    if per_token_slots and write_slots is not None:
+        # FlashInfer's per-token scatter: the initial state from the [N] read slot, the state
+        # after token t to ssm_state_indices[n, t] (a [N, T] table: its T columns load up front,
+        # beside the read slot; token_slot picks them). No final write.
+        read = Int64(read_slots[n64])
+        columns = [Int64(write_slots[n64, c]) for c in range(exact_table_tokens)]
+        owned = (read > null_slot) & (read < pool_size)
+        return RowSlots(
+            read=read, write=read, owned=owned, padded=read <= null_slot, columns=columns
+        )
     if per_token_slots and exact_table_tokens:
         # Every column is loaded beside num_accepted_tokens, and the initial slot picked among
         # them: no load waits for another. Held opaque, the columns cannot be folded back into
@@ -157,9 +178,17 @@ def _row_slots(
         owned = column_ok & live & (read < pool_size)
         return RowSlots(read=read, write=read, owned=owned, padded=column_ok & (read <= null_slot))
     read = Int64(read_slots[n64])
-    write = read
     if write_slots is not None:
+        # FlashInfer's meaning of a write slot that is padding: the row reads, computes and
+        # outputs as any other, and stores no final state. A write slot past the pool is a bad
+        # index (NaN output, nothing stored), as a read slot past it is.
         write = Int64(write_slots[n64])
+        owned = (read > null_slot) & (read < pool_size) & (write < pool_size)
+        return RowSlots(
+            read=read, write=write, owned=owned, padded=read <= null_slot,
+            writes=owned & (write > null_slot),
+        )  # fmt: skip
+    write = read
     padded = (read <= null_slot) | (write <= null_slot)
     owned = (read > null_slot) & (write > null_slot) & (read < pool_size) & (write < pool_size)
     return RowSlots(read=read, write=write, owned=owned, padded=padded)
@@ -178,6 +207,12 @@ class ConvSlots:
     write: object  # Int64 conv slot the new columns go to
     owned: object  # Boolean: the row owns its recurrent slots and the conv slot is live
     offset: object  # Int64 column where the window starts in the slot read
+    #: Boolean: the conv state advances (with the recurrent one: RowSlots.writes)
+    writes: object = None
+
+    def __post_init__(self):
+        if self.writes is None:
+            self.writes = self.owned
 
 
 def conv_slots(n64, slots: RowSlots, read_slots, num_accepted, per_token_slots: bool,
@@ -186,7 +221,10 @@ def conv_slots(n64, slots: RowSlots, read_slots, num_accepted, per_token_slots: 
     slot table, one slot a row (its column 0, which keeps every token's input: see
     conv.new_columns), the window starting at column ``num_accepted - 1``."""
     if not per_token_slots:
-        return ConvSlots(read=slots.read, write=slots.write, owned=slots.owned, offset=Int64(0))
+        return ConvSlots(
+            read=slots.read, write=slots.write, owned=slots.owned, offset=Int64(0),
+            writes=slots.writes,
+        )  # fmt: skip
     slot = Int64(read_slots[n64, 0])
     offset = Int64(0)
     if num_accepted is not None:

@@ -92,8 +92,9 @@ def reference_decode(
     """One call of GDN decode on T tokens.
 
     ``pool`` is [P, HV, V, K] (k_last) or [P, HV, K, V] (v_last); without ``read_slots`` batch row
-    n uses slot n. A row whose read or write slot is negative is padded: output zeros, nothing
-    read or written.
+    n uses slot n. A row whose read slot is negative is padded: output zeros, nothing read or
+    written. A row whose write slot alone is negative (FlashInfer's meaning) is computed as any
+    other and stores no final state.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -103,7 +104,7 @@ def reference_decode(
     rows = torch.arange(B, device=device)
     reads = rows if read_slots is None else read_slots.long()
     writes = reads if write_slots is None else write_slots.long()
-    live = (reads >= 0) & (writes >= 0)
+    live = reads >= 0
 
     h = pool[reads.clamp(min=0)].double()  # [B, HV, ...]
     if state_layout == "v_last":
@@ -119,7 +120,8 @@ def reference_decode(
     new_pool = pool.clone()
     if not disable_state_update:
         stored = (h if state_layout == "k_last" else h.transpose(-1, -2)).to(pool.dtype)
-        new_pool[writes[live]] = stored[live]
+        writing = live & (writes >= 0)
+        new_pool[writes[writing]] = stored[writing]
     return ReferenceResult(
         output=output,
         pool=new_pool,
@@ -159,18 +161,23 @@ def reference_call(
     num_accepted: torch.Tensor | None = None,
     cache: torch.Tensor | None = None,
     cache_rows: torch.Tensor | None = None,
+    token_slots: torch.Tensor | None = None,
 ) -> ExpectedCall:
     """Every call form of docs/design.md ("Call forms"), row by row, on the kernel-form tensors
     (q [lead, tokens, H, K], ...; the packed form has lead 1 and ``cu_seqlens``).
 
     A row is a batch row, or a packed sequence. Its initial state comes from its read slot: slot
     n of a dense state, ``read_slots[n]``, or column ``num_accepted[n] - 1`` (column 0 without
-    it) of a [N, 1 + S] per-token table. A read or write slot ``<= null_slot`` makes the row
-    padding: zero output, no state or cache touched. Otherwise the state after token t goes to
+    it) of a [N, 1 + S] per-token table. A read slot ``<= null_slot`` makes the row padding:
+    zero output, no state or cache touched. A write slot ``<= null_slot`` (FlashInfer's negative
+    ``output_state_indices`` entry) stores no final state; the row is otherwise computed and
+    stored as any other. Otherwise the state after token t goes to
     the table's column t (per-token slots), to ``cache[cache_rows[n] or n, t]`` when a cache is
     given (skipped where the cache row is padding), and the final state to the write slot unless
-    ``disable_state_update`` (or per-token slots) says not to. Stored states are rounded to the
-    state dtype; nothing else is.
+    ``disable_state_update`` (or per-token slots) says not to. ``token_slots`` [N, T]
+    (FlashInfer's ``ssm_state_indices``, beside [N] read slots): the state after token t goes to
+    ``token_slots[n, t]`` (skipped where that slot is padding), and there is no final write.
+    Stored states are rounded to the state dtype; nothing else is.
     """
     K = q.shape[3]
     HV = v.shape[2]
@@ -178,12 +185,12 @@ def reference_call(
         scale = K**-0.5
     qh, kh = _heads(q, k, HV, scale, use_qk_l2norm)
     g, beta = gates(A_log, a, dt_bias, b)
-    per_token = read_slots is not None and read_slots.dim() == 2
+    per_token = token_slots is not None or (read_slots is not None and read_slots.dim() == 2)
     rows = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     bounds = None if cu_seqlens is None else cu_seqlens.long().tolist()
     tables = {
         name: None if t is None else t.long().cpu()
-        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows))
+        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows), ("scatter", token_slots))
     }  # fmt: skip
 
     output = torch.full(v.shape, float("nan"), dtype=torch.float64, device=q.device)
@@ -197,13 +204,15 @@ def reference_call(
         lead, tokens = (n, slice(None)) if bounds is None else (0, slice(bounds[n], bounds[n + 1]))
         if tables["read"] is None:
             read = write = n
+        elif tables["scatter"] is not None:
+            read = write = int(tables["read"][n])
         elif per_token:
             column = 0 if tables["accepted"] is None else int(tables["accepted"][n]) - 1
             read = write = int(tables["read"][n, column])
         else:
             read = int(tables["read"][n])
             write = read if tables["write"] is None else int(tables["write"][n])
-        live = read > null_slot and write > null_slot
+        live = read > null_slot
         if tables["read"] is None:
             live = True
         count = output[lead, tokens].shape[0]
@@ -220,11 +229,12 @@ def reference_call(
             output[lead, tokens] = out[0]
             final = states[0, -1]
         if per_token:
+            table = tables["read"] if tables["scatter"] is None else tables["scatter"]
             for t in range(count):
-                slot = int(tables["read"][n, t])
+                slot = int(table[n, t])
                 if slot > null_slot:
                     new_pool[slot] = k_last(states[0, t]).to(pool.dtype)
-        elif not disable_state_update:
+        elif not disable_state_update and write > null_slot:
             new_pool[write] = k_last(final).to(pool.dtype)
         if cache is not None:
             row = n if tables["cache"] is None else int(tables["cache"][n])

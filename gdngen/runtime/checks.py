@@ -18,6 +18,7 @@ import torch
 from .arg_checks import require_tensor
 from .conv_checks import ConvPrologue, check_conv
 from .core_checks import (
+    check_backend,
     check_core_layout,
     check_core_tensors,
     check_devices,
@@ -28,7 +29,7 @@ from .core_checks import (
     check_scale,
     token_dims,
 )
-from .form_checks import check_tokens
+from .form_checks import check_token_scatter, check_tokens
 from .info import TargetInfo
 from .norm_checks import GatedNorm, check_gated_norm
 from .pool_checks import check_cache, check_per_row_state, check_pool, check_slots
@@ -108,10 +109,25 @@ class Call:
         return self.packed and self.uniform_seqlen
 
     @property
+    def token_scatter(self) -> bool:
+        """FlashInfer's per-token scatter: [N] read slots, and ``ssm_state_indices [N, T]``
+        (held as the write slots) naming the slot of the state after each token."""
+        return self.per_token_slots and self.separate_write_slots
+
+    @property
+    def token_slot_table(self) -> torch.Tensor | None:
+        """The table naming the slot of the state after each token (column t for token t):
+        vLLM's [N, 1 + S] read table, or FlashInfer's ssm_state_indices [N, T]."""
+        if not self.per_token_slots:
+            return None
+        return self.write_slots if self.token_scatter else self.read_slots
+
+    @property
     def exact_slot_table(self) -> bool:
-        """A per-token slot table of exactly T columns (vLLM's [N, 1 + S] at T = 1 + S): the
-        kernel loads every column beside num_accepted_tokens instead of after it."""
-        return self.per_token_slots and self.read_slots.shape[1] == self.tokens
+        """A per-token slot table of exactly T columns (vLLM's [N, 1 + S] at T = 1 + S, and
+        FlashInfer's [N, T] always): the kernel loads every column up front (beside
+        num_accepted_tokens, for vLLM's) instead of one per token."""
+        return self.per_token_slots and self.token_slot_table.shape[1] == self.tokens
 
     @property
     def stores_token_states(self) -> bool:
@@ -139,13 +155,15 @@ def check_call(
     output_state_indices,
     intermediate_states_buffer,
     disable_state_update,
-    state_layout,
+    backend="auto",
+    state_layout="k_last",
     null_slot=-1,
     cu_seqlens=None,
     max_seqlen=None,
     uniform_seqlen=False,
     num_accepted_tokens=None,
     intermediate_state_indices=None,
+    ssm_state_indices=None,
     z=None,
     norm_weight=None,
     norm_eps=1e-6,
@@ -176,23 +194,32 @@ def check_call(
             ("intermediate_states_buffer", intermediate_states_buffer), ("output", output),
         )
     )  # fmt: skip
-    cu_seqlens, num_accepted, cache_rows = (
+    cu_seqlens, num_accepted, cache_rows, token_scatter = (
         require_tensor(name, value, optional=True)
         for name, value in (
             ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted_tokens),
             ("intermediate_state_indices", intermediate_state_indices),
+            ("ssm_state_indices", ssm_state_indices),
         )
     )  # fmt: skip
     null_slot = check_options(
         use_qk_l2norm, disable_state_update, uniform_seqlen, state_layout, null_slot
     )
+    check_backend(backend)
     tokens = check_tokens(info, q, cu_seqlens, max_seqlen, uniform_seqlen)
     gate_dtype, dt_bias_dtype = check_core_tensors(tokens, q, k, v, a, b, A_log, dt_bias)
     HV, V = v.shape[2], v.shape[3]
     check_geometry(info, tokens, HV, V)
     check_core_layout(q, k, v, a, b)
     pool = check_pool(info, state, initial_state, state_layout, HV, tokens.K, V)
-    per_token_slots = read_slots is not None and read_slots.dim() == 2
+    if token_scatter is not None:
+        check_token_scatter(
+            tokens, token_scatter, read_slots, write_slots, num_accepted, cache_buffer,
+            disable_state_update, conv_state,
+        )  # fmt: skip
+    per_token_slots = token_scatter is not None or (
+        read_slots is not None and read_slots.dim() == 2
+    )
     if read_slots is None:
         check_per_row_state(tokens, pool, write_slots, num_accepted, cache_rows)
         index_dtype, null_slot = None, -1  # a dense state has no padding rows
@@ -210,7 +237,11 @@ def check_call(
         info, conv_state=conv_state, conv_weight=conv_weight, conv_bias=conv_bias,
         conv_activation=conv_activation, q=q, pool=pool.tensor, pool_name=pool.name, H=tokens.H,
         K=tokens.K, HV=HV, V=V,
-        per_token_tokens=max(tokens.T, read_slots.size(1)) if per_token_slots else None,
+        per_token_tokens=(
+            max(tokens.T, read_slots.size(1))
+            if per_token_slots and token_scatter is None
+            else None
+        ),
         conv_windows=intermediate_conv_windows, cache_buffer=cache_buffer,
     )  # fmt: skip
     check_devices(q, [
@@ -218,7 +249,7 @@ def check_call(
         (pool.name, pool.tensor), ("initial_state_indices", read_slots),
         ("output_state_indices", write_slots), ("intermediate_states_buffer", cache_buffer),
         ("output", output), ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted),
-        ("intermediate_state_indices", cache_rows),
+        ("intermediate_state_indices", cache_rows), ("ssm_state_indices", token_scatter),
     ])  # fmt: skip
     return Call(
         batch=tokens.rows,
@@ -233,14 +264,14 @@ def check_call(
         dt_bias_dtype=dt_bias_dtype,
         state_dtype=pool.dtype,
         index_dtype=index_dtype,
-        separate_write_slots=write_slots is not None,
+        separate_write_slots=write_slots is not None or token_scatter is not None,
         cache=cache_buffer is not None,
         write_final_state=not disable_state_update and not per_token_slots,
         use_qk_l2norm=use_qk_l2norm,
         scale=check_scale(scale, tokens.K),
         pool=pool.tensor,
         read_slots=read_slots,
-        write_slots=write_slots,
+        write_slots=write_slots if token_scatter is None else token_scatter,
         cache_buffer=cache_buffer,
         null_slot=null_slot,
         cu_seqlens=cu_seqlens,
@@ -317,7 +348,17 @@ def check_index_values(call: Call) -> None:
     if call.read_slots is not None:
         table = host(call.read_slots)
         first_bad("initial_state_indices", table, (table >= pool_size) & (table > null), slot_range)
-        if call.per_token_slots:
+        if call.token_scatter:
+            scatter = host(call.write_slots)
+            first_bad(
+                "ssm_state_indices", scatter, (scatter >= pool_size) & (scatter > null), slot_range
+            )
+            owned = table > null
+            for n in range(call.batch):
+                written = scatter[n, : int(live_tokens[n])]
+                # A row may name one slot for several tokens: the last token's state stays.
+                writes.append(written[written > null].unique() if owned[n] else written[:0])
+        elif call.per_token_slots:
             columns = table.size(1)
             read_column = torch.zeros(call.batch, dtype=torch.int64)
             if call.num_accepted is not None:
@@ -340,14 +381,19 @@ def check_index_values(call: Call) -> None:
                 )
             else:
                 out = table
-            owned = (table > null) & (out > null)
+            # A write slot that is padding stores no final state; the row is still computed.
+            owned = table > null
             if call.write_final_state:
-                writes.append(out[owned])
+                writes.append(out[owned & (out > null)])
     seen = torch.cat(writes) if writes else torch.empty(0, dtype=torch.int64)
     if seen.numel() != seen.unique().numel():
         values, counts = seen.unique(return_counts=True)
         slot = int(values[counts > 1][0])
-        name = "output_state_indices" if call.write_slots is not None else "initial_state_indices"
+        name = (
+            "ssm_state_indices"
+            if call.token_scatter
+            else "output_state_indices" if call.write_slots is not None else "initial_state_indices"
+        )
         raise ValueError(f"{name}: slot {slot} is written by more than one batch row")
     if call.cache_rows is not None:
         cache = host(call.cache_rows)

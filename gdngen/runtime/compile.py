@@ -42,8 +42,9 @@ class CompileKey:
     use_qk_l2norm: bool
     #: the engine call forms (docs/design.md, "Call forms"): a slot <= null_slot is padding;
     #: sequences packed along dim 1 with cu_seqlens of this dtype (T is then the most tokens a
-    #: sequence has); a [N, 1 + S] per-token slot table, with num_accepted_tokens; cache rows
-    #: named per row
+    #: sequence has); a [N, 1 + S] per-token slot table, with num_accepted_tokens (with
+    #: ``separate_write_slots`` as well: FlashInfer's [N] read slots and its per-token table
+    #: ssm_state_indices [N, T]); cache rows named per row
     null_slot: int = -1
     cu_seqlens_dtype: str | None = None
     per_token_slots: bool = False
@@ -183,7 +184,8 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
     if key.index_dtype is not None:
         index = _cute_type(key.index_dtype)
         index_bytes = ELEMENT_BYTES[key.index_dtype]
-        if key.per_token_slots:  # [rows, 1 + S], any row stride
+        token_scatter = key.per_token_slots and key.separate_write_slots
+        if key.per_token_slots and not token_scatter:  # [rows, 1 + S], any row stride
             slots = make_fake_tensor(
                 index,
                 (rows, cute.sym_int64(symbol="slot_columns")),
@@ -192,7 +194,11 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
             )
         else:
             slots = compact(key.index_dtype, (rows,), index_bytes)
-        if key.separate_write_slots:
+        if token_scatter:  # FlashInfer's ssm_state_indices [rows, T], any row stride
+            write_slots = make_fake_tensor(
+                index, (rows, key.tokens), (outer_stride(1), 1), assumed_align=index_bytes
+            )
+        elif key.separate_write_slots:
             write_slots = compact(key.index_dtype, (rows,), index_bytes)
         if key.num_accepted:
             num_accepted = compact(key.index_dtype, (rows,), index_bytes)

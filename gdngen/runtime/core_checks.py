@@ -25,6 +25,15 @@ from .info import TargetInfo
 GATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 DT_BIAS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 LAYOUTS = ("k_last", "v_last")
+#: the ``backend`` values gdngen honours: "auto", FlashInfer's default, is gdngen's own dispatch
+BACKENDS = ("auto",)
+#: FlashInfer's other ``backend`` values (gated_delta_rule_decode_pretranspose, 0.7.2), each a
+#: request for one of FlashInfer's own kernels, which gdngen does not have
+FLASHINFER_BACKENDS = {
+    "flashinfer": "FlashInfer's generic kernels",
+    "cake_gdn": "FlashInfer's Cake GDN kernels",
+    "rubin": "FlashInfer's Rubin-tuned (SM 10.7) T = 1 kernel",
+}
 
 
 def check_options(use_qk_l2norm, disable_state_update, uniform_seqlen, state_layout, null_slot):
@@ -52,6 +61,27 @@ def check_enable_pdl(enable_pdl) -> bool:
     if not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
     return enable_pdl
+
+
+def check_backend(backend) -> None:
+    """FlashInfer's ``backend`` keyword: "auto" runs gdngen's dispatch; FlashInfer's other values
+    ask for its own kernels, which a gdngen call cannot run, so they are refused rather than
+    ignored (a caller pinning a backend expects that backend's numbers)."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, one of {BACKENDS}; got {type(backend).__name__}")
+    if backend in BACKENDS:
+        return
+    accepted = "gdngen accepts backend='auto' (its own dispatch)"
+    if backend in FLASHINFER_BACKENDS:
+        raise ValueError(
+            f"backend: {backend!r} asks for {FLASHINFER_BACKENDS[backend]}, which gdngen cannot "
+            f"run; {accepted}. For FlashInfer's kernels call "
+            "flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose itself"
+        )
+    raise ValueError(
+        f"backend: {accepted}; FlashInfer's other values ({', '.join(map(repr, FLASHINFER_BACKENDS))}) "
+        f"name FlashInfer's own kernels; got {backend!r}"
+    )
 
 
 def token_dims(tokens: Tokens, q) -> tuple:

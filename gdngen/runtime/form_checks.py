@@ -135,3 +135,46 @@ def check_slot_table(
             "num_accepted_tokens", num_accepted, read_slots.dtype, tokens.rows,
             tokens.rows_meaning,
         )  # fmt: skip
+
+
+def check_token_scatter(
+    tokens: Tokens, token_scatter, read_slots, write_slots, num_accepted, cache_buffer,
+    disable_state_update, conv_state,
+) -> None:  # fmt: skip
+    """FlashInfer's per-token scatter (gated_delta_rule_mtp's ``ssm_state_indices [B, T]``): the
+    initial state from ``initial_state_indices [N]``, the state after token t to slot
+    ``ssm_state_indices[n, t]`` (skipped where that slot is padding), no final write. FlashInfer
+    refuses it at T = 1 only because its kernel needs T >= 2; here T = 1 is the same form."""
+    if read_slots is None or read_slots.dim() != 1:
+        got = "None" if read_slots is None else shape_text(read_slots)
+        raise ValueError(
+            "ssm_state_indices: needs initial_state_indices of shape [N], the slots the initial "
+            f"states are read from; got {got}"
+        )
+    if token_scatter.dtype != read_slots.dtype:
+        raise TypeError(
+            f"ssm_state_indices: expected dtype {dtype_name(read_slots.dtype)} (as "
+            f"initial_state_indices); got {dtype_name(token_scatter.dtype)}"
+        )
+    require_dims(
+        "ssm_state_indices", token_scatter, (tokens.rows, tokens.T),
+        f"[{'N' if tokens.packed else 'B'}, T] (the slot of the state after each token)",
+    )  # fmt: skip
+    if tokens.T > 1 and token_scatter.stride(1) != 1:
+        raise ValueError(
+            f"ssm_state_indices: its columns must be contiguous (strides "
+            f"{tuple(token_scatter.stride())}); rows may have any stride"
+        )
+    for name, given, why in (
+        ("output_state_indices", write_slots,
+         "the state after the last token goes to ssm_state_indices[:, T - 1]"),
+        ("intermediate_states_buffer", cache_buffer,
+         "the per-token states go to the pool's slots instead, as in FlashInfer"),
+        ("disable_state_update", disable_state_update or None,
+         "the per-token slots are the update, as in FlashInfer"),
+        ("num_accepted_tokens", num_accepted,
+         "it picks a column of a [N, 1 + S] initial_state_indices table"),
+        ("conv_state", conv_state, "the conv1d prologue takes vLLM's per-token table only"),
+    ):  # fmt: skip
+        if given is not None:
+            raise ValueError(f"{name}: not with ssm_state_indices ({why})")

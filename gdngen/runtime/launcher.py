@@ -77,8 +77,9 @@ def launch_device(q):
 def call_key(
     q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state,
     initial_state_indices, output_state_indices, intermediate_states_buffer,
-    disable_state_update, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
-    uniform_seqlen=False, num_accepted_tokens=None, intermediate_state_indices=None, z=None,
+    disable_state_update, backend, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
+    uniform_seqlen=False, num_accepted_tokens=None, intermediate_state_indices=None,
+    ssm_state_indices=None, z=None,
     norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None,
     conv_bias=None, conv_activation="silu", intermediate_conv_windows=None, enable_pdl=None,
 ) -> tuple:  # fmt: skip
@@ -133,6 +134,9 @@ def call_key(
         None if intermediate_state_indices is None else (
             intermediate_state_indices.dtype, intermediate_state_indices.get_device()
         ),
+        None if ssm_state_indices is None else (
+            ssm_state_indices.dtype, ssm_state_indices.shape[1:], ssm_state_indices.get_device()
+        ),
         None if z is None else (z.dtype, z.shape, z.stride(), z.get_device()),
         None if norm_weight is None else (norm_weight.dtype, norm_weight.get_device()),
         None if conv_state is None else (
@@ -150,8 +154,8 @@ def call_key(
         ),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
-        disable_state_update, state_layout, type(null_slot), null_slot, type(norm_eps), norm_eps,
-        norm_activation, conv_activation, type(enable_pdl), enable_pdl,
+        disable_state_update, backend, state_layout, type(null_slot), null_slot, type(norm_eps),
+        norm_eps, norm_activation, conv_activation, type(enable_pdl), enable_pdl,
     )  # fmt: skip
 
 
@@ -181,6 +185,7 @@ def __call__(self, {signature}):
         )
         returned = output if squeeze is None else output.squeeze(squeeze)
     conv_weight_view = None if conv_weight is None else kernel_conv_weight(conv_weight)
+    write_slots = output_state_indices if ssm_state_indices is None else ssm_state_indices
     launch_pdl = STREAM_WRITES.launch_pdl(
         plan.pdl, plan.device.index, pool, plan.pool_bytes, conv_state, plan.conv_bytes
     )

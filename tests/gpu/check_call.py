@@ -11,9 +11,16 @@ def as_k_last(state: torch.Tensor, layout: str) -> torch.Tensor:
     return state if layout == "k_last" else state.transpose(-1, -2)
 
 
-def run_and_check(call, problem: Problem, *, pass_output: bool = True, device="cuda") -> None:
-    """``device``: where the problem's tensors live (the current device may be another)."""
+def run_and_check(
+    call, problem: Problem, *, pass_output: bool = True, device="cuda", unwritten_rows=(), **extra
+) -> None:
+    """``device``: where the problem's tensors live (the current device may be another).
+    ``unwritten_rows``: rows whose write slot is set to -1 (FlashInfer's meaning: computed, no
+    final state stored; the problem needs separate write slots). ``extra``: more keywords of the
+    call."""
     args = problem.make(device)
+    for row in unwritten_rows:
+        args["output_state_indices"][row] = -1
     pool = state_of(args)
     pool_before = pool.clone()
     cache = args.get("intermediate_states_buffer")
@@ -23,7 +30,7 @@ def run_and_check(call, problem: Problem, *, pass_output: bool = True, device="c
         torch.full((B, T, HV, V), float("nan"), dtype=io, device=device) if pass_output else None
     )
 
-    out, returned = call(**args, output=output)
+    out, returned = call(**args, output=output, **extra)
     torch.cuda.synchronize(device)
 
     assert returned is pool, "gdn_decode must return the state it updated in place"
@@ -48,12 +55,13 @@ def run_and_check(call, problem: Problem, *, pass_output: bool = True, device="c
         writes = slots.long()
     touched = torch.zeros(pool.shape[0], dtype=torch.bool, device=device)
     if not problem.disable_state_update:
-        written = writes[live]
+        writing = live & (writes >= 0)  # a live row with a negative write slot stores nothing
+        written = writes[writing]
         touched[written] = True
         assert_close(
             "final state",
             as_k_last(pool[written], problem.layout),
-            ref.final_state[live],
+            ref.final_state[writing],
             state_dtype,
         )
     assert torch.equal(

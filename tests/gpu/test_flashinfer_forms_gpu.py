@@ -1,0 +1,135 @@
+"""FlashInfer's decode forms under FlashInfer's names (docs/design.md, "Call forms"): a negative
+``output_state_indices`` entry (the row is computed, no final state stored) and the per-token
+scatter ``ssm_state_indices [B, T]``. Each call is checked against the float64 reference, and
+every pool slot the call does not own must keep its bits."""
+
+import pytest
+import torch
+
+import generated.h200 as h200
+from gdngen.problem import Problem
+from gdngen.reference import reference_call, reference_decode
+from tests.compare import assert_close
+from tests.gpu.check_call import run_and_check
+
+pytestmark = pytest.mark.gpu
+
+SERVED = [("k_last", "bf16"), ("k_last", "fp16"), ("k_last", "fp32"), ("v_last", "bf16"),
+          ("v_last", "fp16"), ("v_last", "fp32")]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize(
+    "tokens,cache", [(1, False), (3, False), (4, True)], ids=["t1", "t3", "t4_cache"]
+)
+@pytest.mark.parametrize("batch", [6, 96])
+def test_negative_write_slot_computes_the_row_and_stores_no_state(
+    layout, state_dtype, tokens, cache, batch
+):  # fmt: skip
+    """Rows 2 and 4 write to -1: their outputs (and verify-cache rows) are the reference's, their
+    read slots keep their bits; row 1 is padding (read slot -1): zero output. Two batch sizes
+    reach different variants of the dispatch."""
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=2 * batch + 3, separate_write_slots=True, padded_rows=(1,),
+        cache_steps=tokens if cache else None, seed=batch + tokens,
+    )  # fmt: skip
+    run_and_check(h200.gdn_decode, problem, unwritten_rows=(2, 4))
+
+
+def test_negative_write_slot_passes_the_index_check():
+    """check_indices=True accepts rows that write nothing, and two of them may share -1."""
+    problem = Problem(batch=5, tokens=2, HV=32, pool_size=12, separate_write_slots=True, seed=4)
+    run_and_check(h200.gdn_decode, problem, unwritten_rows=(0, 3), check_indices=True)
+
+
+@pytest.mark.parametrize("null_slot", [-1, 0])
+def test_write_slot_at_null_slot_writes_nothing(null_slot):
+    """With null_slot=0 (vLLM's null block) a write slot of 0 is padding as -1 is: the row is
+    computed and stores nothing; slot 0 and the row's read slot keep their bits."""
+    problem = Problem(batch=4, tokens=2, HV=32, pool_size=12, separate_write_slots=True, seed=9)
+    args = problem.make("cuda")
+    index = args["initial_state_indices"].dtype
+    args["initial_state_indices"] = torch.tensor([1, 2, 3, 4], dtype=index, device="cuda")
+    args["output_state_indices"] = torch.tensor([5, null_slot, 7, 8], dtype=index, device="cuda")
+    pool = args["initial_state"]
+    before = pool.clone()
+    out, _ = h200.gdn_decode(**args, null_slot=null_slot)
+    torch.cuda.synchronize()
+    ref = reference_decode(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], read_slots=args["initial_state_indices"],
+        write_slots=torch.tensor([5, -1, 7, 8], device="cuda"),
+    )  # fmt: skip
+    assert_close("output", out, ref.output, torch.bfloat16)
+    assert_close("pool", pool.double(), ref.pool.double(), torch.bfloat16)
+    for slot in (0, 2, 6, 9, 10, 11):  # read by row 1, or owned by no row
+        assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [3, 64])
+def test_token_scatter_matches_the_reference(layout, state_dtype, tokens, batch):
+    """ssm_state_indices [B, T]: row n's initial state from initial_state_indices[n], its state
+    after token t into ssm_state_indices[n, t]; row 1 is padding (read slot -1), row 0's second
+    entry is -1 (that token's state is not stored); no final write; every other slot keeps its
+    bits."""
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=batch * (tokens + 1) + 2, seed=batch * 10 + tokens,
+    )  # fmt: skip
+    args = problem.make("cuda")
+    reads = args["initial_state_indices"]
+    pool = args["initial_state"]
+    taken = set(reads.tolist())
+    free = [s for s in range(pool.shape[0]) if s not in taken]
+    scatter = torch.tensor(free[: batch * tokens], dtype=reads.dtype, device="cuda")
+    scatter = scatter.view(batch, tokens).contiguous()
+    reads[1] = -1
+    if tokens > 1:
+        scatter[0, 1] = -1
+    before = pool.clone()
+    output = torch.full_like(args["v"], float("nan"))
+    out, returned = h200.gdn_decode(**args, output=output, ssm_state_indices=scatter)
+    torch.cuda.synchronize()
+    assert returned is pool and out is output
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm, read_slots=reads,
+        state_layout=layout, token_slots=scatter,
+    )  # fmt: skip
+    io = args["q"].dtype
+    assert_close("output", out, want.output, io)
+    stored = scatter[torch.arange(batch, device="cuda") != 1]
+    stored = stored[stored >= 0].long()
+    assert_close("scattered states", pool[stored], want.pool[stored].double(), pool.dtype)
+    untouched = torch.ones(pool.shape[0], dtype=torch.bool, device="cuda")
+    untouched[stored] = False
+    assert torch.equal(pool[untouched], before[untouched]), "a slot the call does not own changed"
+
+
+def test_token_scatter_with_index_checks_and_a_graph():
+    """check_indices=True accepts the call; a captured graph replays it into the same slots."""
+    problem = Problem(batch=4, tokens=3, HV=32, pool_size=20, seed=5)
+    args = problem.make("cuda")
+    scatter = torch.arange(4, 16, dtype=args["initial_state_indices"].dtype, device="cuda")
+    args["initial_state_indices"].copy_(torch.tensor([0, 1, 2, 3]))
+    scatter = scatter.view(4, 3)
+    output = torch.empty_like(args["v"])
+    h200.gdn_decode(**args, output=output, ssm_state_indices=scatter, check_indices=True)
+    pool = args["initial_state"]
+    before = pool.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h200.gdn_decode(**args, output=output, ssm_state_indices=scatter)
+    pool.copy_(before)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], read_slots=args["initial_state_indices"], token_slots=scatter,
+    )  # fmt: skip
+    assert_close("graph output", output, want.output, output.dtype)
+    assert_close("graph states", pool[4:16], want.pool[4:16].double(), pool.dtype)
+    assert torch.equal(pool[16:], before[16:]) and torch.equal(pool[:4], before[:4])
