@@ -275,7 +275,8 @@ def _key(**changes):
     args.update(changes)
     args.setdefault("output", None)
     args.setdefault("output_state_indices", None)
-    return call_key(**{k: v for k, v in args.items() if k != "state_layout"}, state_layout="k_last")
+    args = {k: v for k, v in args.items() if k not in ("state_layout", "backend")}
+    return call_key(**args, state_layout="k_last", backend="auto")
 
 
 def test_the_call_key_changes_with_what_the_kernel_does_not_check():
@@ -324,7 +325,8 @@ def _packed_key(total: int, max_seqlen, sequences: int = 1):
     args.update(max_seqlen=max_seqlen, output=None, output_state_indices=None)
     args.setdefault("state", None)
     args.setdefault("intermediate_states_buffer", None)
-    return call_key(**{k: v for k, v in args.items() if k != "state_layout"}, state_layout="k_last")
+    args = {k: v for k, v in args.items() if k not in ("state_layout", "backend")}
+    return call_key(**args, state_layout="k_last", backend="auto")
 
 
 def test_a_packed_call_without_max_seqlen_is_known_by_its_total():
