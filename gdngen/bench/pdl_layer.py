@@ -84,11 +84,14 @@ def make_layer(
             conv_weight=bf16(0.5 * torch.randn(D, CONV_WIDTH, generator=gen, device="cuda")),
             conv_bias=bf16(0.2 * torch.randn(D, generator=gen, device="cuda")),
         )
-    else:
+    else:  # [B, T = 1, heads, dim] views, a and b [B, 1, HV]
+        tokens = rows.unsqueeze(1)
         args.update(
-            q=rows[:, :HK].unflatten(-1, (H, K)),
-            k=rows[:, HK : 2 * HK].unflatten(-1, (H, K)),
-            v=rows[:, 2 * HK : D].unflatten(-1, (HV, V)),
+            q=tokens[..., :HK].unflatten(-1, (H, K)),
+            k=tokens[..., HK : 2 * HK].unflatten(-1, (H, K)),
+            v=tokens[..., 2 * HK : D].unflatten(-1, (HV, V)),
+            a=args["a"].unsqueeze(1),
+            b=args["b"].unsqueeze(1),
         )
     pool = (0.1 * torch.randn(slots, HV, V, K, generator=gen, device="cuda")).to(
         DTYPES[state_dtype]
@@ -96,7 +99,8 @@ def make_layer(
     indices = torch.randperm(slots, generator=gen, device="cuda")[:batch].to(torch.int32)
     if batch > 1:
         indices[-1] = -1  # a padded row
-    output = torch.empty(batch, HV, V, dtype=torch.bfloat16, device="cuda")
+    output_shape = (batch, HV, V) if core else (batch, 1, HV, V)
+    output = torch.empty(output_shape, dtype=torch.bfloat16, device="cuda")
     history = torch.zeros(history_rows, output.numel(), dtype=torch.bfloat16, device="cuda")
     args.update(initial_state=pool, initial_state_indices=indices, output=output)
     step = torch.ones(1, dtype=torch.int32, device="cuda")
