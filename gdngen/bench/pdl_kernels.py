@@ -6,7 +6,7 @@ that a PDL call reads nothing early).
 - ``produce(buffer, step, spin, launch_pdl)`` writes a new pattern into a flat buffer (q, k, v,
   a, b, z or the conv's input, as views of it): element i of step s is
   ``((i * 37 + s * 101) % 257 - 128) / 128``, exact in bf16 and fp16 (:func:`pattern` is the
-  same on the host). It reads the step from ``step[0]``. It releases the grid after it at its
+  same on the host). It reads the step from ``step[0]``; ``step[1]`` must hold 0. It releases the grid after it at its
   start (after its own wait), then spends ``spin`` dependent integer steps a thread before
   writing: a dependent that read its inputs before its wait would read the last step's. Its
   CTAs fit in one wave, so that the whole buffer is written after the dependent started.
@@ -47,8 +47,9 @@ def _kernels():
         delay = Int32(tidx)
         for _ in cutlass.range(spin, unroll=1):
             delay = delay * Int32(1103515245) + Int32(12345)
-        # (delay & 0) ties the stores to the spin, so that none is issued before it.
-        first = block * THREADS + tidx + (delay & 0)
+        # step[1] holds 0, which the compiler cannot know: the stores' addresses depend on the
+        # spin, so it is neither dropped nor passed by the stores.
+        first = block * THREADS + tidx + delay * Int32(step[1])
         for i in cutlass.range(first, buffer.shape[0], blocks * THREADS, unroll=1):
             n = (i * 37 + s * 101) % 257 - 128
             buffer[i] = (cutlass.Float32(n) / cutlass.Float32(128.0)).to(buffer.element_type)
@@ -106,7 +107,7 @@ def _compile(kind: str, dtype: torch.dtype, arch: "str | None" = None):
         }[dtype]
         produce, consume = _kernels()
         flat = make_fake_compact_tensor(element, (cute.sym_int64(symbol="n"),), assumed_align=2)
-        step = make_fake_compact_tensor(cutlass.Int32, (1,), assumed_align=4)
+        step = make_fake_compact_tensor(cutlass.Int32, (2,), assumed_align=4)
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
         if arch is None:
             major, minor = torch.cuda.get_device_capability()
@@ -131,7 +132,8 @@ def _compile(kind: str, dtype: torch.dtype, arch: "str | None" = None):
 
 
 def produce(buffer: torch.Tensor, step: torch.Tensor, *, spin: int = 0, pdl: bool = True):
-    """Launch the producer on the current stream: ``buffer`` flat, ``step`` int32 [1]."""
+    """Launch the producer on the current stream: ``buffer`` flat, ``step`` int32 [2] holding
+    the step and 0."""
     _compile("produce", buffer.dtype)(buffer, step, spin, int(pdl))
 
 

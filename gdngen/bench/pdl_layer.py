@@ -24,6 +24,7 @@ import torch
 
 from gdngen.measure.environment import environment
 from gdngen.measure.timing import rotating_sets, time_side_by_side
+from gdngen.runtime.pdl import STREAM_WRITES
 
 from .pdl_kernels import consume, pattern, produce
 
@@ -103,7 +104,7 @@ def make_layer(
     output = torch.empty(output_shape, dtype=torch.bfloat16, device="cuda")
     history = torch.zeros(history_rows, output.numel(), dtype=torch.bfloat16, device="cuda")
     args.update(initial_state=pool, initial_state_indices=indices, output=output)
-    step = torch.ones(1, dtype=torch.int32, device="cuda")
+    step = torch.tensor([1, 0], dtype=torch.int32, device="cuda")  # the step, and 0
     return Layer(buffer, args, pool, conv_pool, output, history, step, call)
 
 
@@ -120,6 +121,11 @@ def run_layer(layer: Layer, *, pdl: bool, calls: int = 1, spin: int = 0) -> None
     for _ in range(calls):
         decode(layer, pdl=pdl)
     consume(layer.output.view(-1), layer.history, layer.step, pdl=pdl)
+
+
+def held_off(layer: Layer) -> None:
+    STREAM_WRITES.hold_off(layer.pool.device.index)
+    decode(layer, pdl=True)
 
 
 def check_chain(layer: Layer) -> None:
@@ -160,6 +166,8 @@ def run_cell(call, *, batch: int, state_dtype: str, HV: int, core: bool) -> dict
         "layer, no PDL": [lambda s=s: run_layer(s, pdl=False) for s in layers],
         "gdn_decode alone, PDL": [lambda s=s: decode(s, pdl=True) for s in layers],
         "gdn_decode alone, no PDL": [lambda s=s: decode(s, pdl=False) for s in layers],
+        # the PDL kernel launched without the attribute: what its load order costs alone
+        "gdn_decode alone, PDL kernel held off": [lambda s=s: held_off(s) for s in layers],
     }
     return dict(
         batch=batch, HV=HV, state_dtype=state_dtype, core=core, variant=variant,
@@ -172,8 +180,8 @@ def markdown(records: list[dict], env: dict) -> str:
         f"GPU: {env['gpu']} ({env['sm']}); gdngen {env.get('gdngen_commit')}",
         "",
         "| form | state | HV | B | variant | layer, PDL µs | layer, no PDL µs | saved µs "
-        "| gdn_decode, PDL µs | gdn_decode, no PDL µs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| gdn_decode, PDL µs | gdn_decode, no PDL µs | PDL kernel held off µs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         us = r["us"]
@@ -181,7 +189,8 @@ def markdown(records: list[dict], env: dict) -> str:
             f"| {'core' if r['core'] else 'plain'} | {r['state_dtype']} | {r['HV']} | {r['batch']} "
             f"| `{r['variant']}` | {us['layer, PDL']:.2f} | {us['layer, no PDL']:.2f} "
             f"| {us['layer, no PDL'] - us['layer, PDL']:.2f} | {us['gdn_decode alone, PDL']:.2f} "
-            f"| {us['gdn_decode alone, no PDL']:.2f} |"
+            f"| {us['gdn_decode alone, no PDL']:.2f} "
+            f"| {us['gdn_decode alone, PDL kernel held off']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -190,7 +199,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gdngen.bench.pdl_layer", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--target", default="h200")
-    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--batches", default="1,4,16,64")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--heads", default="64")
     parser.add_argument("--forms", default="plain,core", help="plain, core (conv and norm fused)")

@@ -71,6 +71,12 @@ class StreamWrites:
                         return 0
         return 1
 
+    def hold_off(self, device_index: int) -> None:
+        """Record a write over all memory on the current stream, so that the next gdngen launch
+        there waits for the kernel before it in full: for a caller that knows that kernel
+        wrote the call's pools (benches time a PDL kernel without its overlap this way)."""
+        self._last[(device_index, current_stream_handle(device_index))] = ((0, 1 << 64),)
+
     def forget(self) -> None:
         """Drop every record (tests)."""
         self._last.clear()

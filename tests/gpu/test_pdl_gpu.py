@@ -39,7 +39,7 @@ def step_once(layer: Layer, *, calls: int) -> None:
     """One layer step as an engine runs it: the step counter moves on (a plain kernel), then the
     PDL chain: the producer writes the step's inputs, ``calls`` decode calls on the same pool,
     the consumer keeps the output in the step's row."""
-    layer.step.add_(1)
+    layer.step[:1].add_(1)
     run_layer(layer, pdl=True, calls=calls, spin=SPIN)
 
 
@@ -80,7 +80,7 @@ def replay_and_compare(layer: Layer, *, calls: int) -> None:
     for _ in range(REPLAYS):
         graph.replay()
     torch.cuda.synchronize()
-    assert int(layer.step) == REPLAYS
+    assert int(layer.step[0]) == REPLAYS
     history, pool, conv = eager_reference(layer, pool0, conv0, REPLAYS, calls)
     got = layer.history[1 : REPLAYS + 1].view(torch.int16)
     want = history[1 : REPLAYS + 1].view(torch.int16)
@@ -136,7 +136,7 @@ def test_a_pdl_call_loads_the_state_before_its_producer_is_done(state_dtype):
     layer = layer_of(2, state_dtype, False, seed=14)
     layer.buffer.copy_(pattern(layer.buffer.numel(), 3, torch.bfloat16, "cuda"))
     old = layer.pool.clone()
-    step = torch.full((1,), 5, dtype=torch.int32, device="cuda")
+    step = torch.tensor([5, 0], dtype=torch.int32, device="cuda")
     new = pattern(old.numel(), 5, old.dtype, "cuda").view_as(old)  # what the producer writes
 
     def from_pool(pool):
