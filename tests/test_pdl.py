@@ -57,14 +57,17 @@ def ptx_of(module, compile_key: CompileKey, folder) -> str:
     return ptx.read_text()
 
 
-def split_at_wait(text: str, waits: int = 1) -> tuple[str, str]:
-    """The PTX before the first wait, and after it; ``waits`` in all (the conv step has one in
-    each branch of its head's part), each followed by the release."""
-    assert text.count(WAIT) == waits and text.count(RELEASE) == waits
-    before, after = text.split(WAIT, 1)
-    code = [line.strip() for line in after.splitlines() if line.strip() and "//" not in line]
-    assert code[0] == RELEASE, "the release follows the wait"
-    return before, after
+def split_at_wait(text: str, middles: int = 1) -> tuple[str, str]:
+    """The PTX before the first CTAs' wait and after it. A PDL kernel has one wait at its start
+    (the CTAs past the first wave) and then ``middles`` (the conv step has one in each branch
+    of its head's part, a thread takes one), each followed by the release before any write."""
+    assert text.count(WAIT) == 1 + middles and text.count(RELEASE) == middles
+    start, rest = text.split(WAIT, 1)
+    assert "ld.global" not in start and not WRITES.search(start), "the start's wait comes first"
+    before, after = rest.split(WAIT, 1)
+    first_write = WRITES.search(after)
+    assert first_write and after.index(RELEASE) < first_write.start(), "released before writes"
+    return start + before, after
 
 
 def h200_kernel(variant: str):
@@ -99,7 +102,7 @@ def test_every_targets_fused_core_waits_once_and_writes_after(target, arch, tmp_
     step = importlib.import_module(conv_step_module(module_name, arch))
     step_key = conv_step_key(key(variant, arch, **CORE), conv_step_name(arch))
     # (one wait in each of the q, k and v branches: a thread takes one)
-    before, after = split_at_wait(ptx_of(step, step_key, tmp_path / "step"), waits=3)
+    before, after = split_at_wait(ptx_of(step, step_key, tmp_path / "step"), middles=3)
     assert not WRITES.search(before) and WRITES.search(after)
 
 
@@ -118,9 +121,10 @@ def test_without_pdl_the_kernels_have_no_grid_dependency(tmp_path):
 # --- enable_pdl, checked and keyed ---
 
 
-def test_enable_pdl_defaults_to_on_and_is_checked():
+def test_enable_pdl_is_checked_and_left_to_the_dispatch_when_unset():
     args = make_args()
-    assert check_call(INFO, **on_fake_cuda(args)).pdl is True
+    assert check_call(INFO, **on_fake_cuda(args)).pdl is None
+    assert check_call(INFO, **on_fake_cuda(dict(args, enable_pdl=True))).pdl is True
     assert check_call(INFO, **on_fake_cuda(dict(args, enable_pdl=False))).pdl is False
     with pytest.raises(TypeError, match=r"enable_pdl: expected a bool or None, got int"):
         check_call(INFO, **on_fake_cuda(dict(args, enable_pdl=1)))
@@ -130,11 +134,34 @@ def test_the_build_and_warmup_forms_key_pdl():
     base = key("kl_bf16_tv64_ilp8_vec8_tpg16_sm90", pdl=False)
     assert replace(base, pdl=True) != base
     spec = load_spec(ROOT / "specs" / "h200.yaml")
-    assert {form.pdl for form in spec_forms(spec.build)} == {True}
+    assert {form.pdl for form in spec_forms(spec.build)} == {None}
     both = spec.build.model_copy(update={"pdl": (False, True)})
     assert {form.pdl for form in spec_forms(both)} == {False, True}
     assert len(spec_forms(both)) == 2 * len(spec_forms(spec.build))
-    assert Form(mode="update", index_dtype="int32").pdl is True
+
+
+def test_an_unset_enable_pdl_takes_the_rules_pdl():
+    import generated.h200 as h200
+    from gdngen.geometry import Geometry
+
+    geometry = Geometry(name="qwen3.5", H=16, HV=64, K=128, V=128)
+    rules = {rule.pdl: rule for rule in h200.dispatch.TABLE}
+    assert False in rules, "h200 has rules that hold PDL off"
+    for form_pdl, rule in ((None, rules[False]), (None, rules[True]), (True, rules[False])):
+        form = Form(mode="update", index_dtype="int32", pdl=form_pdl)
+        (made,) = form.keys(rule, "sm_90a", 1, geometry, rule.state_dtype)
+        assert made.pdl == (rule.pdl if form_pdl is None else form_pdl)
+
+
+def test_a_row_names_pdl_only_where_it_is_off():
+    import generated.h200 as h200
+    from gdngen.dispatch import row
+
+    text = (ROOT / "generated" / "h200" / "dispatch.py").read_text()
+    off = [rule for rule in h200.dispatch.AHEAD if not rule.pdl]
+    assert text.count(", pdl=False),") == len(off) > 0 and "pdl=True" not in text
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        row(*[None] * 3, speed=1)
 
 
 # --- the host's record ---

@@ -28,7 +28,7 @@ from cutlass import Constexpr, Float32, Int32, Int64
 from gdngen.terms import CONV_ACTIVATIONS
 
 from .conv import _new_column, _token, conv_token, new_columns
-from .pdl import wait_for_producer
+from .pdl import wait_at_start, wait_for_producer
 from .rows import conv_slots, row_slots, row_span, row_tokens
 
 
@@ -66,6 +66,7 @@ def conv_step_launcher(*, name: str):
     ):
         tidx, _, _ = cute.arch.thread_idx()
         head, n, _ = cute.arch.block_idx()
+        wait_at_start(pdl)
         H, HV = q.shape[2], v.shape[2]
         n64 = Int64(n)
         seq, _, _, placed = row_tokens(n64, T, cu_seqlens, q.shape[1], uniform_rows)

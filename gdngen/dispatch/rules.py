@@ -165,6 +165,10 @@ class Rule:
     split_conv: bool = False
     use: str
     source: str = ""
+    #: whether the calls it serves launch with programmatic dependent launch where the caller
+    #: leaves ``enable_pdl`` unset (docs/design.md, "Programmatic dependent launch"): false
+    #: where the PDL kernel measured slower. An emitted row names it only where it is false
+    pdl: bool = True
 
     def __post_init__(self) -> None:
         if self.split_conv and self.conv1d is not True:
@@ -205,20 +209,26 @@ class Rule:
         )
 
 
-def row(*values: object) -> Rule:
+def row(*values: object, **options: object) -> Rule:
     """The rule of one row of an emitted dispatch table (``generated/<target>/dispatch.py``): a
-    value for each of the Rule's fields, in their order, a range as ``(lo, hi)``, a condition
-    the rule leaves out as None. One row per line keeps the table readable as a table, and a
-    re-tune's diff to the rows it moves."""
-    given = dict(zip(_RULE_FIELDS, values, strict=True))
+    value for each of the Rule's fields up to ``source``, in their order, a range as
+    ``(lo, hi)``, a condition the rule leaves out as None; the fields after it (ROW_OPTIONS) by
+    keyword, where the rule does not keep their defaults. One row per line keeps the table
+    readable as a table, and a re-tune's diff to the rows it moves."""
+    unknown = set(options) - set(ROW_OPTIONS)
+    if unknown:
+        raise TypeError(f"row: unexpected keyword(s) {sorted(unknown)}; takes {ROW_OPTIONS}")
+    given = dict(zip(_RULE_FIELDS, values, strict=True), **options)
     for name in _RANGE_FIELDS:
         if given[name] is not None:
             given[name] = Range(*given[name])
     return Rule(**given)
 
 
-#: a Rule's fields in order (a table row's columns), and those that hold a Range
-_RULE_FIELDS = tuple(f.name for f in fields(Rule))
+#: the Rule fields a row takes by keyword, where they are not their defaults
+ROW_OPTIONS = ("pdl",)
+#: a Rule's fields a row takes in order (its columns), and those that hold a Range
+_RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name not in ROW_OPTIONS)
 _RANGE_FIELDS = ("tokens", "batch_heads", "heads")
 
 

@@ -10,10 +10,11 @@ other row's text as it was, and a value wider than its column pushes the rest of
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterable
 
 from gdngen.dispatch import Range, Rule
+from gdngen.dispatch.rules import ROW_OPTIONS
 
 #: per Rule field, in field order: its label in the header comment, and the width of its value
 #: with the comma after it (None: as wide as the spec needs, :meth:`RowFormat.for_spec`; the last
@@ -34,6 +35,9 @@ COLUMNS: dict[str, tuple[str, int | None]] = {
     "use": ("use", None),
     "source": ("source", 0),
 }
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Rule)}
 
 
 def value_text(value: object) -> str:
@@ -69,4 +73,10 @@ class RowFormat:
 
     def row(self, rule: Rule) -> str:
         values = [value_text(getattr(rule, field)) for field in COLUMNS]
+        # the options after the columns, by keyword, only where a rule leaves its default
+        values[-1] += "".join(
+            f", {name}={value_text(getattr(rule, name))}"
+            for name in ROW_OPTIONS
+            if getattr(rule, name) != _DEFAULTS[name]
+        )
         return f"row({self._line([value + ',' for value in values[:-1]] + values[-1:])}),"

@@ -74,8 +74,9 @@ class Call:
     norm: GatedNorm | None = None
     #: the conv1d prologue (gdngen.runtime.conv_checks); None without it
     conv: ConvPrologue | None = None
-    #: programmatic dependent launch (``enable_pdl``; docs/design.md)
-    pdl: bool = False
+    #: programmatic dependent launch as the caller asks (``enable_pdl``; docs/design.md); None:
+    #: as the dispatch rule says
+    pdl: bool | None = None
 
     @property
     def norm_activation(self) -> str | None:

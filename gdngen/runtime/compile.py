@@ -73,7 +73,7 @@ class CompileKey:
     pdl: bool = False
 
     @classmethod
-    def for_call(cls, variant: str, arch: str, call: Call) -> "CompileKey":
+    def for_call(cls, variant: str, arch: str, call: Call, pdl: bool = False) -> "CompileKey":
         return cls(
             variant=variant,
             arch=arch,
@@ -103,7 +103,7 @@ class CompileKey:
             conv_width=None if call.conv is None else call.conv.width,
             conv_bias=call.conv is not None and call.conv.bias is not None,
             conv_activation=None if call.conv is None else call.conv.activation,
-            pdl=call.pdl,
+            pdl=pdl,
         )
 
     @property

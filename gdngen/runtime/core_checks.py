@@ -52,12 +52,13 @@ def check_options(use_qk_l2norm, disable_state_update, uniform_seqlen, state_lay
     )
 
 
-def check_enable_pdl(enable_pdl) -> bool:
-    """``enable_pdl``, FlashInfer's keyword: None (the default) is FlashInfer's choice, on where
-    the device supports programmatic dependent launch (compute capability 9.0 and newer, which
-    every target gdngen generates is)."""
+def check_enable_pdl(enable_pdl) -> bool | None:
+    """``enable_pdl``, FlashInfer's keyword: True or False, or None (the default), FlashInfer's
+    choice: on where the device supports programmatic dependent launch (compute capability 9.0
+    and newer, which every target gdngen generates is), except where the dispatch rule says the
+    PDL kernel measured slower (its ``pdl``)."""
     if enable_pdl is None:
-        return True
+        return None
     if not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__}")
     return enable_pdl

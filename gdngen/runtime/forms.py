@@ -84,8 +84,9 @@ class Form:
     conv_width: int | None = None
     conv_bias: bool = True
     conv_activation: str = "silu"
-    #: programmatic dependent launch: what a call passing no ``enable_pdl`` gets
-    pdl: bool = True
+    #: programmatic dependent launch as the calls pass ``enable_pdl`` (None: unset, so each
+    #: rule's ``pdl``)
+    pdl: bool | None = None
 
     @property
     def stores_token_states(self) -> bool:
@@ -99,12 +100,15 @@ class Form:
     def keys(self, rule: Rule, arch: str, tokens: int, geometry, state_dtype: str):
         """The keys a call of this form compiles to under ``rule``: the rule's variant's, and on
         the split plan the conv step's and the variant's without the prologue."""
-        key = self.key(rule.use, arch, tokens, geometry, state_dtype)
+        pdl = rule.pdl if self.pdl is None else self.pdl
+        key = self.key(rule.use, arch, tokens, geometry, state_dtype, pdl)
         if not (rule.split_conv and self.conv_width is not None):
             return [key]
         return [conv_step_key(key, conv_step_name(arch)), without_prologue(key)]
 
-    def key(self, variant: str, arch: str, tokens: int, geometry, state_dtype: str) -> CompileKey:
+    def key(
+        self, variant: str, arch: str, tokens: int, geometry, state_dtype: str, pdl: bool = True
+    ) -> CompileKey:
         slotted = self.index_dtype is not None
         return CompileKey(
             variant=variant, arch=arch, tokens=tokens, H=geometry.H, HV=geometry.HV,
@@ -123,7 +127,7 @@ class Form:
             norm_weight_dtype=None if self.norm_activation is None else self.norm_weight_dtype,
             conv_width=self.conv_width, conv_bias=self.conv_width is not None and self.conv_bias,
             conv_activation=None if self.conv_width is None else self.conv_activation,
-            pdl=self.pdl,
+            pdl=pdl,
         )  # fmt: skip
 
 

@@ -235,6 +235,8 @@ class Choice:
 
     variant: str
     split_conv: bool = False
+    #: programmatic dependent launch where the caller leaves enable_pdl unset (the rule's)
+    pdl: bool = True
 
 
 @dataclass(frozen=True)
@@ -320,7 +322,8 @@ class DecodeCall:
                 f"state: variant {variant} is a {layout} {state_dtype} kernel; the call passes "
                 f"a {call.layout} {call.state_dtype} state"
             )
-        key = CompileKey.for_call(variant, arch, call)
+        pdl = choice.pdl if call.pdl is None else call.pdl
+        key = CompileKey.for_call(variant, arch, call, pdl)
         split = choice.split_conv and call.conv is not None
         q = arguments["q"]
         if split:
@@ -339,7 +342,7 @@ class DecodeCall:
                 None if call.conv is None or split else conv_arrivals(call.conv.state, call.H)
             ),
             split_conv=split,
-            pdl=call.pdl,
+            pdl=pdl,
             pool_bytes=span_bytes(call.pool),
             conv_bytes=0 if call.conv is None else span_bytes(call.conv.state),
         )

@@ -167,7 +167,7 @@ class Target:
 
     def _choose(self, call: Call) -> Choice:
         rule = self._rule(self._device_table(call.pool.device), self._shape(call, bool(call.conv)))
-        return Choice(rule.use, rule.split_conv)
+        return Choice(rule.use, rule.split_conv, rule.pdl)
 
     def split_conv_call(self) -> DecodeCall:
         """``gdn_decode`` with every conv1d call on the split plan: the conv step, then the
@@ -176,7 +176,7 @@ class Target:
 
         def choose(call: Call) -> Choice:
             rule = self._rule(self._device_table(call.pool.device), self._shape(call, False))
-            return Choice(rule.use, split_conv=True)
+            return Choice(rule.use, split_conv=True, pdl=rule.pdl)
 
         return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
 
@@ -230,7 +230,7 @@ class Target:
         weight's ``norm_weight_dtype``; ``conv_width`` for calls with the conv1d prologue as
         well (the engine's decode_core), its ``conv_bias`` and ``conv_activation``; where the
         dispatch splits the conv off, the conv step's kernel is warmed too. ``enable_pdl`` as the
-        calls will pass it (None: on, as gdn_decode's default)."""
+        calls will pass it (None, gdn_decode's default: as each dispatch rule says)."""
         info = self.info
         if (layout, state_dtype) not in info.served:
             served = ", ".join(f"{a}/{b}" for a, b in info.served)

@@ -431,9 +431,9 @@ class CallForms(_Strict):
     fused: tuple[Literal["none", "norm", "core"], ...] = ("none",)
     norm_activation: Literal["silu", "sigmoid"] = "silu"
     conv_width: int = 4
-    #: programmatic dependent launch (``enable_pdl``; docs/design.md, "Programmatic dependent
-    #: launch"): true is what a call passing no enable_pdl gets, false a call passing False
-    pdl: tuple[bool, ...] = (True,)
+    #: programmatic dependent launch as the calls pass ``enable_pdl`` (docs/design.md,
+    #: "Programmatic dependent launch"): null, unset (each dispatch rule's ``pdl``), or the bool
+    pdl: tuple[bool | None, ...] = (None,)
     #: the geometries (by name) built ahead of time; None: all of them. Every geometry is served:
     #: the others compile on first use (or with `gdngen build --geometries`), so a spec can carry
     #: every tensor-parallel shard of a model without multiplying the default build

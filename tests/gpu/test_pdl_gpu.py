@@ -146,6 +146,8 @@ def test_a_pdl_call_loads_the_state_before_its_producer_is_done(state_dtype):
 
     from_old, from_new = from_pool(old), from_pool(new)
     assert not torch.equal(from_old, from_new)
+    decode(layer, pdl=True)  # plans (and compiles) the PDL call: the producer must not wait on it
+    torch.cuda.synchronize()
     for pdl, want in ((True, from_old), (False, from_new)):
         layer.pool.copy_(old)
         STREAM_WRITES.forget()  # the calls above wrote this pool: their record would hold PDL off
