@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -177,6 +177,16 @@ class Target:
         def choose(call: Call) -> Choice:
             rule = self._rule(self._device_table(call.pool.device), self._shape(call, False))
             return Choice(rule.use, split_conv=True, pdl=rule.pdl)
+
+        return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
+
+    def fused_conv_call(self) -> DecodeCall:
+        """``gdn_decode`` with every conv1d call on the fused plan: the prologue inside the
+        variant the dispatch picks, where a rule would split the conv off (for tests and
+        benchmarks that compare the plans)."""
+
+        def choose(call: Call) -> Choice:
+            return replace(self._choose(call), split_conv=False)
 
         return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
 
