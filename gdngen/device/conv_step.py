@@ -89,7 +89,7 @@ def conv_step_launcher(*, name: str):
         K, V = q.shape[3], v.shape[3]
         rest = (
             conv_state, conv_weight, conv_bias, conv_windows, conv.read, conv.write, conv.offset,
-            conv.owned, cached, cache_at, seq, Int64(first), Int64(length),
+            conv.owned, conv.writes, cached, cache_at, seq, Int64(first), Int64(length),
         )  # fmt: skip
         options = (T, conv_activation, write_state, per_token_slots, pdl)
         # The head's channels along the conv's D: q's H*K, then k's H*K, then v's HV*V.
@@ -169,6 +169,7 @@ def _convolve_channel(
     write,
     offset,
     owned,
+    writes,
     cached,
     cache_at,
     seq,
@@ -182,7 +183,8 @@ def _convolve_channel(
 ):
     """Conv channel ``c`` of one row (``dim`` of ``head`` in ``source`` and ``out``): the window
     read (zeros where the row owns no conv slot), every token's input, the outputs of the row's
-    tokens; then the new state columns and the verify cache's windows. With ``pdl``, the inputs
+    tokens; then the new state columns (where the row ``writes``) and the verify cache's
+    windows. With ``pdl``, the inputs
     are read after the wait for the grid before (gdngen.device.pdl), the window, taps and bias
     before it."""
     width = weight.shape[1]
@@ -213,7 +215,8 @@ def _convolve_channel(
             acc = conv_token(window, t, kept, tokens, activation)
             written[first + t] = acc.to(written.element_type)
     if cutlass.const_expr(write_state):
-        if owned:
+        # (a row whose write slot is padding reads its window and stores no state)
+        if writes:
             for j in cutlass.range_constexpr(new_columns(kept, tokens, per_token)):
                 value, is_written = _new_column(window, j, kept, length, tokens, per_token)
                 if is_written:

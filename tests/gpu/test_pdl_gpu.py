@@ -132,11 +132,13 @@ def test_eager_pdl_calls_on_one_pool_match_the_calls_without_pdl():
 def test_a_pdl_call_loads_the_state_before_its_producer_is_done(state_dtype):
     """The attribute reaches the launch (TVM-FFI path): a producer that writes the state pool
     late (against the contract) is overlapped by a PDL call, which computes from the pool as it
-    was; without PDL, the call sees the producer's pool. One row on a kernel of a CTA per head
-    (64 CTAs): all in the first wave, so every CTA loads its state before its wait."""
-    whole_head = {"bf16": "kl_bf16_tv128_ilp8_vec8_tpg16_sm90",
-                  "fp32": "kl_fp32_tv128_ilp4_vec4_tpg32_sm90"}  # fmt: skip
-    layer = layer_of(1, state_dtype, False, seed=14, call=h200.variant(whole_head[state_dtype]))
+    was; without PDL, the call sees the producer's pool. One row on a kernel of 128 CTAs of 128
+    or 256 threads: all in the first wave, and resident beside the producer's CTAs, so every CTA
+    loads its state before its wait."""
+    two_ctas_a_head = {"bf16": "kl_bf16_tv64_ilp8_vec8_tpg16_sm90",
+                       "fp32": "kl_fp32_tv64_ilp8_vec4_tpg32_sm90"}  # fmt: skip
+    call = h200.variant(two_ctas_a_head[state_dtype])
+    layer = layer_of(1, state_dtype, False, seed=14, call=call)
     layer.buffer.copy_(pattern(layer.buffer.numel(), 3, torch.bfloat16, "cuda"))
     old = layer.pool.clone()
     step = torch.tensor([5, 0], dtype=torch.int32, device="cuda")
