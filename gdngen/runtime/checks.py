@@ -74,6 +74,8 @@ class Call:
     norm: GatedNorm | None = None
     #: the conv1d prologue (gdngen.runtime.conv_checks); None without it
     conv: ConvPrologue | None = None
+    #: the pool's head and row strides are run-time values (a strided view; pool_checks)
+    strided_state: bool = False
     #: programmatic dependent launch as the caller asks (``enable_pdl``; docs/design.md); None:
     #: as the dispatch rule says
     pdl: bool | None = None
@@ -285,6 +287,7 @@ def check_call(
         norm=norm,
         conv=conv,
         pdl=check_enable_pdl(enable_pdl),
+        strided_state=pool.strided,
     )
 
 

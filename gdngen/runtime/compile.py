@@ -71,6 +71,10 @@ class CompileKey:
     #: kernel loads what the grid before it cannot have written (state, weights, index
     #: tables), then waits for that grid, then reads its inputs
     pdl: bool = False
+    #: the state pool's head and row strides are run-time values, each a whole number of 16-byte
+    #: vectors (a view into a larger buffer: FlashInfer's strided pools); without it they are
+    #: the dense ones, compiled in
+    strided_state: bool = False
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call, pdl: bool = False) -> "CompileKey":
@@ -104,6 +108,7 @@ class CompileKey:
             conv_bias=call.conv is not None and call.conv.bias is not None,
             conv_activation=None if call.conv is None else call.conv.activation,
             pdl=pdl,
+            strided_state=call.strided_state,
         )
 
     @property
@@ -174,10 +179,14 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
 
     head = (V, K) if layout == "k_last" else (K, V)
     state_vector = VECTOR_ALIGN // ELEMENT_BYTES[key.state_dtype]
+    if key.strided_state:
+        head_strides = (outer_stride(state_vector), outer_stride(state_vector))
+    else:
+        head_strides = (V * K, head[1])
     pool = make_fake_tensor(
         _cute_type(key.state_dtype),
         (pool_size, HV) + head,
-        (outer_stride(state_vector), V * K, head[1], 1),
+        (outer_stride(state_vector), *head_strides, 1),
         assumed_align=VECTOR_ALIGN,
     )
     slots = write_slots = num_accepted = cu_seqlens = cache_rows = None

@@ -12,8 +12,8 @@ call checks each tensor against the compiled form before anything is launched: d
 static dims, the batch size shared between arguments, static strides, the divisibility of the
 dynamic ones, base alignment and the device type. The signature adds the rest: the dims that
 pick the variant (q and v), the dtypes that pick a compile key, which optional arguments are
-given, the pool's slot stride (overlapping slots) and its size (a dense state), the cache's
-steps (>= T), every tensor's device index and the options. When the kernel refuses an argument,
+given, the pool's strides (overlapping slots, a strided pool) and its size (a dense state), the
+cache's steps (>= T), every tensor's device index and the options. When the kernel refuses an argument,
 the full checks run and raise their error, which names the argument; nothing has been launched.
 Nothing here synchronises with the GPU, and the only per-call allocation is the output tensor
 when the caller passes none.
@@ -113,7 +113,7 @@ def call_key(
         )
     return (
         dims, q.dtype, a.dtype, dt_bias.dtype, pool.dtype, pool.shape,
-        pool.stride(0), state is None, initial_state is None, q.get_device(), k.get_device(),
+        pool.stride(), state is None, initial_state is None, q.get_device(), k.get_device(),
         v.get_device(), a.get_device(), b.get_device(), A_log.get_device(),
         dt_bias.get_device(), pool.get_device(),
         None if output is None else output.get_device(),

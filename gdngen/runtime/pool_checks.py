@@ -15,7 +15,6 @@ from .arg_checks import (
     require_contiguous,
     require_dims,
     require_dtype,
-    require_inner_contiguous,
     shape_text,
 )
 from .form_checks import INDEX_DTYPES, Tokens, check_slot_table, index_vector
@@ -34,6 +33,9 @@ class Pool:
     #: a head's dims, (V, K) for k_last, (K, V) for v_last, and how messages name them
     head_dims: tuple[int, int]
     head_meaning: str
+    #: its head and row strides are not the dense ones (a view into a larger buffer):
+    #: CompileKey.strided_state
+    strided: bool = False
 
 
 def check_pool(info: TargetInfo, state, initial_state, state_layout, HV, K, V) -> Pool:
@@ -61,16 +63,45 @@ def check_pool(info: TargetInfo, state, initial_state, state_layout, HV, K, V) -
             f"{pool_name}: a {state_layout} {state_dtype} state is not served by target "
             f"{info.name} (it serves {served}). {info.add_to_spec(what)}"
         )
-    require_inner_contiguous(pool_name, pool, 3, f"[HV, {head_meaning}]")
-    if pool.size(0) > 1 and pool.stride(0) < HV * V * K:
-        raise ValueError(
-            f"{pool_name}: slots overlap (stride of dim 0 is {pool.stride(0)}, one slot holds "
-            f"{HV * V * K} elements)"
-        )
-    require_aligned(pool_name, pool, VECTOR_ALIGN // pool.element_size(), outer_dims=1)
+    strided = check_pool_strides(pool_name, pool, head_dims, head_meaning)
+    require_aligned(
+        pool_name, pool, VECTOR_ALIGN // pool.element_size(), outer_dims=3 if strided else 1
+    )
     if pool.size(0) < 1:
         raise ValueError(f"{pool_name}: the pool is empty (shape {shape_text(pool)})")
-    return Pool(pool_name, pool, state_dtype, head_dims, head_meaning)
+    return Pool(pool_name, pool, state_dtype, head_dims, head_meaning, strided)
+
+
+def check_pool_strides(pool_name: str, pool, head_dims, head_meaning: str) -> bool:
+    """The pool's strides: its last dim contiguous, and no two elements of different slots,
+    heads or rows at one address. Returns whether the head and row strides are other than the
+    dense ones (FlashInfer's strided pools: a view into a larger buffer), which the kernel then
+    takes at run time (CompileKey.strided_state); their alignment is check_pool's."""
+    rows, columns = head_dims
+    if columns > 1 and pool.stride(3) != 1:
+        raise ValueError(
+            f"{pool_name}: its last dim ({head_meaning.split(', ')[1]}) must be contiguous "
+            f"(strides {tuple(pool.stride())} given); pass a view whose last stride is 1"
+        )
+    # The extent of one row, one head and one slot, given the inner strides: each outer stride
+    # must step past the whole of the dim inside it.
+    row_span = columns
+    head_span = (rows - 1) * pool.stride(2) + row_span
+    slot_span = (pool.size(1) - 1) * pool.stride(1) + head_span
+    for dim, what, span in (
+        (2, "rows", row_span),
+        (1, "heads", head_span),
+        (0, "slots", slot_span),
+    ):
+        if pool.size(dim) > 1 and pool.stride(dim) < span:
+            raise ValueError(
+                f"{pool_name}: {what} overlap (stride of dim {dim} is {pool.stride(dim)}; one of "
+                f"its {what} spans {span} elements at strides {tuple(pool.stride())})"
+            )
+    dense_row, dense_head = columns, rows * columns
+    return (rows > 1 and pool.stride(2) != dense_row) or (
+        pool.size(1) > 1 and pool.stride(1) != dense_head
+    )
 
 
 def check_per_row_state(tokens: Tokens, pool: Pool, write_slots, num_accepted, cache_rows):

@@ -10,7 +10,8 @@ import generated.h200 as h200
 from gdngen.problem import Problem
 from gdngen.reference import reference_call, reference_decode
 from tests.compare import assert_close
-from tests.gpu.check_call import run_and_check
+from gdngen.problem import TORCH_DTYPES
+from tests.gpu.check_call import as_k_last, run_and_check
 
 pytestmark = pytest.mark.gpu
 
@@ -133,3 +134,56 @@ def test_token_scatter_with_index_checks_and_a_graph():
     assert_close("graph output", output, want.output, output.dtype)
     assert_close("graph states", pool[4:16], want.pool[4:16].double(), pool.dtype)
     assert torch.equal(pool[16:], before[16:]) and torch.equal(pool[:4], before[:4])
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens,cache", [(1, False), (4, True)], ids=["t1", "t4_verify"])
+@pytest.mark.parametrize("batch", [5, 96])
+def test_a_strided_pool_matches_the_reference_and_nothing_outside_it_changes(
+    layout, state_dtype, tokens, cache, batch
+):  # fmt: skip
+    """The pool a view into a larger buffer (FlashInfer's strided pools): every other head of
+    twice as many, one spare row per head and one spare vector per row. Outputs, written slots
+    and the verify cache against the float64 reference on the dense copy; every element of the
+    buffer outside the view, and every slot the call does not own, keeps its bits."""
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=2 * batch + 3, padded_rows=(1,), cache_steps=tokens if cache else None,
+        disable_state_update=cache, seed=batch + 7 * tokens,
+    )  # fmt: skip
+    args = problem.make("cuda")
+    dense = args["initial_state"]
+    slots, heads, rows, columns = dense.shape
+    vector = 16 // dense.element_size()
+    buffer = torch.randn(slots, 2 * heads, rows + 1, columns + vector, device="cuda").to(
+        dense.dtype
+    )
+    inside = torch.zeros(buffer.shape, dtype=torch.bool, device="cuda")
+    inside[:, ::2, :rows, :columns] = True
+    view = buffer[:, ::2, :rows, :columns]
+    view.copy_(dense)
+    buffer_before = buffer.clone()
+    args["initial_state"] = view
+    out, returned = h200.gdn_decode(**args)
+    torch.cuda.synchronize()
+    assert returned is view
+    assert h200.gdn_decode.prepare(**args)  # plans (the strided form) without a launch
+    ref = reference_decode(
+        args["q"], args["k"], args["v"], dense, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], read_slots=args["initial_state_indices"], disable_state_update=cache,
+        state_layout=layout,
+    )  # fmt: skip
+    live = ref.live
+    stored = TORCH_DTYPES[state_dtype]
+    assert_close("output", out[live], ref.output[live], torch.bfloat16)
+    assert (out[~live] == 0).all(), "padded rows must have zero output"
+    assert torch.equal(buffer[~inside], buffer_before[~inside]), "the buffer outside the view"
+    written = args["initial_state_indices"].long()[live]
+    touched = torch.zeros(slots, dtype=torch.bool, device="cuda")
+    if not cache:
+        touched[written] = True
+        assert_close("final state", as_k_last(view[written], layout), ref.final_state[live], stored)
+    else:
+        got = as_k_last(args["intermediate_states_buffer"][live, :tokens], layout)
+        assert_close("intermediate states", got, ref.intermediates[live], stored)
+    assert torch.equal(view[~touched], dense[~touched]), "a slot the call does not own changed"
