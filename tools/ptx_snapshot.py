@@ -33,9 +33,14 @@ from gdngen.spec import load_spec  # noqa: E402
 from gdngen.terms import PORTABLE_CLUSTER, kernel_serves_head_dims  # noqa: E402
 
 #: the compile keys, by name: the call forms whose code differs most (docs/design.md, "Call
-#: forms"); "spec_uniform" is the spec form with rows placed at n * T and an exact table. "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants
-#: only; the norm only where a head's CTAs fit one portable cluster).
-KEYS = ("plain", "verify", "spec", "spec_uniform", "fused_spec", "fused_update")
+#: forms"); "spec_uniform" is the spec form with rows placed at n * T and an exact table.
+#: "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants only; the
+#: norm only where a head's CTAs fit one portable cluster). "*_pdl" launch with programmatic
+#: dependent launch, "verify_strided" takes a strided pool.
+KEYS = (
+    "plain", "verify", "spec", "spec_uniform", "fused_spec", "fused_update", "plain_pdl",
+    "fused_update_pdl", "verify_strided",
+)  # fmt: skip
 
 
 def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | None:
@@ -66,6 +71,10 @@ def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | No
         return spec
     if name == "spec_uniform":  # the caller's uniform_seqlen, a table exactly T wide
         return replace(spec, uniform_rows=True, exact_slot_table=True)
+    if name == "plain_pdl":  # programmatic dependent launch
+        return replace(plain, pdl=True)
+    if name == "verify_strided":  # the verify form on a strided pool (FlashInfer's)
+        return replace(compile_key("verify", variant, knobs, info, module), strided_state=True)
     if knobs.solve != "stepwise":
         return None
     norm = geometry.V // knobs.tile_v <= PORTABLE_CLUSTER
@@ -74,10 +83,11 @@ def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | No
             spec, conv_width=4, conv_bias=True, conv_activation="silu",
             norm_activation="silu" if norm else None, norm_weight_dtype="bf16" if norm else None,
         )  # fmt: skip
-    if name == "fused_update":  # one token, int32 slots of a pool
+    if name in ("fused_update", "fused_update_pdl"):  # one token, int32 slots of a pool
         return replace(
             plain, index_dtype="int32", conv_width=3, conv_activation="identity",
             norm_activation="sigmoid" if norm else None, norm_weight_dtype="fp32" if norm else None,
+            pdl=name == "fused_update_pdl",
         )  # fmt: skip
     raise ValueError(f"unknown key {name!r}; expected one of {KEYS}")
 
