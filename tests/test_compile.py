@@ -53,6 +53,25 @@ def _keys(info, module):
     )  # fmt: skip
 
 
+#: ptxas spills, pinned to the byte: (target, variant, T) -> spilled bytes. Each is a tuning
+#: candidate its target's dispatch never picks, on an SM no GPU here has run (sm_120a, sm_121a).
+#: ptxas holds the kernel to 80 registers at T = 8 in the verify form and spills one value; on
+#: sm_90a the same kernel takes 79 registers and spills nothing. (The verify form with separate
+#: write slots compiles as without them since a padding write slot keeps its row: the form
+#: without them spilled the same before.) A change that moves a count fails here.
+KNOWN_SPILLS = {
+    ("rtx_blackwell", "kl_fp32_tv32_ilp4_vec8_tpg32_sm120", 8): 4,
+    ("dgx_spark", "kl_fp32_tv32_ilp4_vec8_tpg32_sm121", 8): 4,
+}
+
+
+def test_known_spills_are_candidates_the_dispatch_never_picks():
+    for target_name, variant, _ in KNOWN_SPILLS:
+        target = importlib.import_module(f"generated.{target_name}")
+        tables = [target.dispatch.TABLE, *target.dispatch.TABLES.values()]
+        assert all(rule.use != variant for table in tables for rule in table), variant
+
+
 def test_every_target_is_checked():
     assert {"h200", "b200", "b300", "rtx_blackwell", "dgx_spark"} <= set(_targets())
 
@@ -74,8 +93,10 @@ def test_kernel_compiles_for_its_target(target_name, variant):
             state_tile_bytes = module.ILP * module.VEC * 4
             assert found.spill_store_bytes <= 4 * state_tile_bytes, f"spills: {where}"
         else:
-            assert found.spill_store_bytes == 0 and found.spill_load_bytes == 0, f"spills: {where}"
-            assert found.stack_bytes == 0, f"stack frame (local memory): {where}"
+            spilled = KNOWN_SPILLS.get((target_name, variant, key.tokens), 0)
+            assert found.spill_store_bytes == spilled, f"spills: {where}"
+            assert found.spill_load_bytes == spilled, f"spills: {where}"
+            assert found.stack_bytes == 2 * spilled, f"stack frame (local memory): {where}"
         assert 0 < found.registers <= 255, where
         assert found.registers * module.THREADS <= registers_per_sm, f"CTA cannot launch: {where}"
         loads_per_lane = module.ILP if module.LAYOUT == "k_last" else module.VEC
