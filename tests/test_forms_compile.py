@@ -37,6 +37,21 @@ FORMS = {
         write_final_state=False,
         exact_slot_table=True,
     ),
+    # FlashInfer's state recovery: every row replays its first 2 tokens, stores the state after
+    # them, decodes the rest; per row from accepted_steps; accepted_steps truncating the rows of
+    # a verify call (no state update, the cache); truncating the per-token scatter
+    "flashinfer_recovery_steps": dict(separate_write_slots=True, recovery_steps=2),
+    "flashinfer_accepted_steps": dict(accepted_steps_dtype="int32"),
+    "flashinfer_accepted_verify": dict(
+        accepted_steps_dtype="int32", cache=True, write_final_state=False
+    ),
+    "flashinfer_accepted_scatter": dict(
+        per_token_slots=True,
+        separate_write_slots=True,
+        write_final_state=False,
+        exact_slot_table=True,
+        accepted_steps_dtype="int32",
+    ),
 }
 KERNELS = [
     ("h200", "sm_90a", "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90"),

@@ -36,10 +36,11 @@ from gdngen.terms import PORTABLE_CLUSTER, kernel_serves_head_dims  # noqa: E402
 #: forms"); "spec_uniform" is the spec form with rows placed at n * T and an exact table.
 #: "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants only; the
 #: norm only where a head's CTAs fit one portable cluster). "*_pdl" launch with programmatic
-#: dependent launch, "verify_strided" takes a strided pool.
+#: dependent launch, "verify_strided" takes a strided pool. "recovery" is FlashInfer's state
+#: recovery, each row's boundary from accepted_steps, with write slots.
 KEYS = (
     "plain", "verify", "spec", "spec_uniform", "fused_spec", "fused_update", "plain_pdl",
-    "fused_update_pdl", "verify_strided",
+    "fused_update_pdl", "verify_strided", "recovery",
 )  # fmt: skip
 
 
@@ -75,6 +76,11 @@ def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | No
         return replace(plain, pdl=True)
     if name == "verify_strided":  # the verify form on a strided pool (FlashInfer's)
         return replace(compile_key("verify", variant, knobs, info, module), strided_state=True)
+    if name == "recovery":
+        return replace(
+            plain, tokens=4, index_dtype="int32", separate_write_slots=True,
+            accepted_steps_dtype="int32",
+        )  # fmt: skip
     if knobs.solve != "stepwise":
         return None
     norm = geometry.V // knobs.tile_v <= PORTABLE_CLUSTER

@@ -60,6 +60,7 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
         num_accepted,
         cu_seqlens,
         cache_rows,
+        accepted_steps,
         out: cute.Tensor,
         cache,
         scale: Float32,
@@ -70,6 +71,7 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
         per_token_slots: Constexpr[bool],
         uniform_rows: Constexpr[bool],
         exact_slot_table: Constexpr[bool],
+        recovery_steps: Constexpr[int],
         z,
         norm_weight,
         norm_eps: Float32,
@@ -114,8 +116,9 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
                 )
         kernel = decode_kernel(
             q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted, cu_seqlens,
-            cache_rows, out, cache, scale, T, use_qk_l2norm, write_final_state, null_slot,
-            per_token_slots, uniform_rows, exact_slot_table, z, norm_weight, norm_eps,
+            cache_rows, accepted_steps, out, cache, scale, T, use_qk_l2norm, write_final_state,
+            null_slot, per_token_slots, uniform_rows, exact_slot_table, recovery_steps, z,
+            norm_weight, norm_eps,
             norm_activation, conv_state, conv_weight, conv_bias, conv_arrivals, conv_windows,
             conv_activation, pdl,
         )  # fmt: skip

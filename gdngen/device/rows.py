@@ -23,6 +23,9 @@ returns plain DSL values and the kernel body reads the same names whatever the f
   ``ssm_state_indices [N, T]`` beside [N] read slots), the slot receiving the state after
   token t.
 - ``conv_slots``: the conv1d prologue's state slots and where its window starts.
+- ``row_recovery``: FlashInfer's state recovery (``accepted_steps``, ``recovery_steps``): which
+  tokens store their output, after which token the state is stored, and which tokens a
+  truncated row runs at all.
 
 Slots are widened to 64 bits before they scale a stride: pool offsets pass 2^31.
 """
@@ -243,3 +246,55 @@ def cache_row(n64, cache_rows, null_slot: int, cache):
         return n64, n64 >= 0
     row = Int64(cache_rows[n64])
     return row, (row > null_slot) & (row < Int64(cache.shape[0]))
+
+
+@dataclass
+class RowRecovery:
+    """A row's tokens under state recovery (docs/design.md, "State recovery")."""
+
+    #: per token: whether it is in the row (a truncated row's tokens past its last accepted one
+    #: are not: they leave the state as it is, as a packed sequence's padding tokens do)
+    token_live: list
+    #: per token: whether its output is stored (not a replayed token's)
+    token_outputs: list
+    #: per token: whether the state after it is the one stored (the last replayed token); None
+    #: where the call stores no such state
+    boundary: list | None = None
+    #: Boolean: the row's accepted_steps entry is in [0, T - 1]; None without accepted_steps
+    ok: object = None
+    #: tokens past a packed sequence's or a truncated row's end may idle (token_gates' switch)
+    idle_tokens: bool = False
+
+    def restrict(self, slots: RowSlots) -> RowSlots:
+        """The row's slots, owned only where its accepted_steps entry is good (a bad one, only
+        reachable with index checks off, makes the row show NaN and touch no state)."""
+        if self.ok is not None:
+            slots.owned = slots.owned & self.ok
+            slots.readable = slots.readable & self.ok
+            slots.writes = slots.writes & self.ok
+        return slots
+
+
+def row_recovery(
+    n64, T: int, token_live: list, packed: bool, accepted_steps, recovery_steps: int,
+    recovers: bool,
+) -> RowRecovery:  # fmt: skip
+    """The row's tokens under the call's recovery form (plain T-token rows without one).
+    ``recovers``: the replayed tokens' state is stored (the call updates the state); otherwise
+    ``accepted_steps`` truncates the row to its tokens 0..accepted_steps[n]."""
+    if accepted_steps is None and recovery_steps == 0:
+        return RowRecovery(token_live, token_live, idle_tokens=packed)
+    if accepted_steps is None:
+        # Every row replays tokens 0..R-1: constants, so each token's branch folds away.
+        outputs = [token_live[t] & (Int64(t) >= Int64(recovery_steps)) for t in range(T)]
+        boundary = [Int64(t) == Int64(recovery_steps - 1) for t in range(T)]
+        return RowRecovery(token_live, outputs, boundary, idle_tokens=packed)
+    last = Int64(accepted_steps[n64])  # the row's last accepted token
+    ok = (last >= 0) & (last < T)
+    if recovers:
+        # A bad entry stores the NaN fill in every token's output, so that it shows.
+        outputs = [token_live[t] & ((Int64(t) > last) | (last < 0) | (last >= T)) for t in range(T)]
+        boundary = [Int64(t) == last for t in range(T)]
+        return RowRecovery(token_live, outputs, boundary, ok, idle_tokens=packed)
+    live = [token_live[t] & (Int64(t) <= last) for t in range(T)]
+    return RowRecovery(live, live, None, ok, idle_tokens=True)

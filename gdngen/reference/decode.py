@@ -162,6 +162,8 @@ def reference_call(
     cache: torch.Tensor | None = None,
     cache_rows: torch.Tensor | None = None,
     token_slots: torch.Tensor | None = None,
+    accepted_steps: torch.Tensor | None = None,
+    recovery_steps: int = 0,
 ) -> ExpectedCall:
     """Every call form of docs/design.md ("Call forms"), row by row, on the kernel-form tensors
     (q [lead, tokens, H, K], ...; the packed form has lead 1 and ``cu_seqlens``).
@@ -178,6 +180,13 @@ def reference_call(
     (FlashInfer's ``ssm_state_indices``, beside [N] read slots): the state after token t goes to
     ``token_slots[n, t]`` (skipped where that slot is padding), and there is no final write.
     Stored states are rounded to the state dtype; nothing else is.
+
+    State recovery (FlashInfer's; docs/design.md, "State recovery"): with ``recovery_steps`` R,
+    or ``accepted_steps`` [N] (R = accepted_steps[n] + 1) where the call updates the state (no
+    ``disable_state_update``, no per-token slots), the row's first R tokens update the state and
+    output nothing, the state after them goes to the write slot, and the rest are decoded from
+    it with output; no final state is stored. Otherwise ``accepted_steps`` truncates the row to
+    its tokens 0..accepted_steps[n]: the later ones are not run (no output, state or cache).
     """
     K = q.shape[3]
     HV = v.shape[2]
@@ -190,8 +199,13 @@ def reference_call(
     bounds = None if cu_seqlens is None else cu_seqlens.long().tolist()
     tables = {
         name: None if t is None else t.long().cpu()
-        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows), ("scatter", token_slots))
+        for name, t in (("read", read_slots), ("write", write_slots), ("accepted", num_accepted), ("cache", cache_rows), ("scatter", token_slots), ("last", accepted_steps))
     }  # fmt: skip
+    recovers = (
+        not disable_state_update
+        and not per_token
+        and (accepted_steps is not None or recovery_steps > 0)
+    )
 
     output = torch.full(v.shape, float("nan"), dtype=torch.float64, device=q.device)
     new_pool = pool.clone()
@@ -216,8 +230,14 @@ def reference_call(
         if tables["read"] is None:
             live = True
         count = output[lead, tokens].shape[0]
+        replayed = 0  # the leading tokens whose outputs are not stored (state recovery)
+        if recovers:
+            replayed = recovery_steps if tables["last"] is None else int(tables["last"][n]) + 1
+        elif tables["last"] is not None:
+            count = min(count, int(tables["last"][n]) + 1)
+            tokens = slice(None, count) if bounds is None else slice(bounds[n], bounds[n] + count)
         if not live:
-            output[lead, tokens] = 0.0
+            output[lead, tokens][replayed:] = 0.0
             continue
         h = k_last(pool[read]).double()[None]
         final = h[0]  # an empty sequence leaves its state as it is
@@ -226,8 +246,12 @@ def reference_call(
                 h, qh[lead, tokens][None], kh[lead, tokens][None], v[lead, tokens][None],
                 g[lead, tokens][None], beta[lead, tokens][None],
             )  # fmt: skip
-            output[lead, tokens] = out[0]
+            output[lead, tokens][replayed:] = out[0, replayed:]
             final = states[0, -1]
+        if recovers:
+            if replayed and write > null_slot:
+                new_pool[write] = k_last(states[0, replayed - 1]).to(pool.dtype)
+            continue
         if per_token:
             table = tables["read"] if tables["scatter"] is None else tables["scatter"]
             for t in range(count):

@@ -33,6 +33,7 @@ from .form_checks import check_token_scatter, check_tokens
 from .info import TargetInfo
 from .norm_checks import GatedNorm, check_gated_norm
 from .pool_checks import check_cache, check_per_row_state, check_pool, check_slots
+from .recovery_checks import check_recovery
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,25 @@ class Call:
     #: programmatic dependent launch as the caller asks (``enable_pdl``; docs/design.md); None:
     #: as the dispatch rule says
     pdl: bool | None = None
+    #: state recovery (gdngen.runtime.recovery_checks): each row's last accepted token [N], its
+    #: dtype, and the leading tokens every row replays without output
+    accepted_steps: torch.Tensor | None = None
+    accepted_steps_dtype: str | None = None
+    recovery_steps: int = 0
+
+    @property
+    def recovers(self) -> bool:
+        """Rows replay their leading tokens into the state without output and store the state
+        after them; the rest are decoded from it, and no final state is stored."""
+        return self.write_final_state and (
+            self.accepted_steps is not None or self.recovery_steps > 0
+        )
+
+    @property
+    def truncates(self) -> bool:
+        """Rows run only their tokens 0..accepted_steps[n] (no state update of their own, or
+        per-token slots)."""
+        return self.accepted_steps is not None and not self.recovers
 
     @property
     def norm_activation(self) -> str | None:
@@ -167,6 +187,8 @@ def check_call(
     num_accepted_tokens=None,
     intermediate_state_indices=None,
     ssm_state_indices=None,
+    accepted_steps=None,
+    recovery_steps=0,
     z=None,
     norm_weight=None,
     norm_eps=1e-6,
@@ -197,12 +219,12 @@ def check_call(
             ("intermediate_states_buffer", intermediate_states_buffer), ("output", output),
         )
     )  # fmt: skip
-    cu_seqlens, num_accepted, cache_rows, token_scatter = (
+    cu_seqlens, num_accepted, cache_rows, token_scatter, accepted_steps = (
         require_tensor(name, value, optional=True)
         for name, value in (
             ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted_tokens),
             ("intermediate_state_indices", intermediate_state_indices),
-            ("ssm_state_indices", ssm_state_indices),
+            ("ssm_state_indices", ssm_state_indices), ("accepted_steps", accepted_steps),
         )
     )  # fmt: skip
     null_slot = check_options(
@@ -220,6 +242,11 @@ def check_call(
             tokens, token_scatter, read_slots, write_slots, num_accepted, cache_buffer,
             disable_state_update, conv_state,
         )  # fmt: skip
+    recovery = check_recovery(
+        tokens, accepted_steps, recovery_steps, read_slots=read_slots,
+        disable_state_update=disable_state_update, token_scatter=token_scatter,
+        cache_buffer=cache_buffer, num_accepted=num_accepted, z=z, conv_state=conv_state,
+    )  # fmt: skip
     per_token_slots = token_scatter is not None or (
         read_slots is not None and read_slots.dim() == 2
     )
@@ -253,6 +280,7 @@ def check_call(
         ("output_state_indices", write_slots), ("intermediate_states_buffer", cache_buffer),
         ("output", output), ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted),
         ("intermediate_state_indices", cache_rows), ("ssm_state_indices", token_scatter),
+        ("accepted_steps", accepted_steps),
     ])  # fmt: skip
     return Call(
         batch=tokens.rows,
@@ -288,6 +316,9 @@ def check_call(
         conv=conv,
         pdl=check_enable_pdl(enable_pdl),
         strided_state=pool.strided,
+        accepted_steps=accepted_steps,
+        accepted_steps_dtype=recovery.accepted_steps_dtype,
+        recovery_steps=recovery.recovery_steps,
     )
 
 
@@ -297,8 +328,8 @@ def check_index_values(call: Call) -> None:
     Slots in range (``<= null_slot`` is padding), no slot written by two rows, ``cu_seqlens``
     ascending within the packed tokens with no sequence longer than T (and, with
     ``uniform_seqlen``, every non-empty sequence n of T tokens at n * T),
-    ``num_accepted_tokens`` in
-    ``[1, 1 + S]``, cache rows inside the buffer. This reads the indices back to the host, so it
+    ``num_accepted_tokens`` in ``[1, 1 + S]``, ``accepted_steps`` in ``[0, T - 1]``, cache
+    rows inside the buffer. This reads the indices back to the host, so it
     synchronises; the kernels themselves never touch a slot outside the pool whatever the
     indices hold (a bad index shows as NaN output instead).
     """
@@ -346,6 +377,14 @@ def check_index_values(call: Call) -> None:
                 skip=1,
             )  # fmt: skip
     live_tokens = torch.full((call.batch,), call.tokens) if lengths is None else lengths
+    if call.accepted_steps is not None:
+        last = host(call.accepted_steps)
+        first_bad(
+            "accepted_steps", last, (last < 0) | (last >= call.tokens),
+            f"0..{call.tokens - 1} (the row's last accepted token, below T={call.tokens})",
+        )  # fmt: skip
+        if call.truncates:
+            live_tokens = last + 1
 
     writes: list[torch.Tensor] = []  # per row, the slots it writes (padding left out)
     owned = torch.ones(call.batch, dtype=torch.bool)  # rows whose read slot is not padding

@@ -75,6 +75,11 @@ class CompileKey:
     #: vectors (a view into a larger buffer: FlashInfer's strided pools); without it they are
     #: the dense ones, compiled in
     strided_state: bool = False
+    #: state recovery (docs/design.md, "State recovery"): the dtype of ``accepted_steps``, each
+    #: row's last accepted token [N] (None without it), and ``recovery_steps``, the leading
+    #: tokens every row replays without output
+    accepted_steps_dtype: str | None = None
+    recovery_steps: int = 0
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call, pdl: bool = False) -> "CompileKey":
@@ -109,6 +114,8 @@ class CompileKey:
             conv_activation=None if call.conv is None else call.conv.activation,
             pdl=pdl,
             strided_state=call.strided_state,
+            accepted_steps_dtype=call.accepted_steps_dtype,
+            recovery_steps=call.recovery_steps,
         )
 
     @property
@@ -189,7 +196,7 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         (outer_stride(state_vector), *head_strides, 1),
         assumed_align=VECTOR_ALIGN,
     )
-    slots = write_slots = num_accepted = cu_seqlens = cache_rows = None
+    slots = write_slots = num_accepted = cu_seqlens = cache_rows = accepted_steps = None
     if key.index_dtype is not None:
         index = _cute_type(key.index_dtype)
         index_bytes = ELEMENT_BYTES[key.index_dtype]
@@ -213,6 +220,10 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
             num_accepted = compact(key.index_dtype, (rows,), index_bytes)
         if key.cache_rows:
             cache_rows = compact(key.index_dtype, (rows,), index_bytes)
+    if key.accepted_steps_dtype is not None:
+        accepted_steps = compact(
+            key.accepted_steps_dtype, (rows,), ELEMENT_BYTES[key.accepted_steps_dtype]
+        )
     if key.packed:
         cu_seqlens = compact(
             key.cu_seqlens_dtype,
@@ -266,6 +277,7 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         "num_accepted": num_accepted,
         "cu_seqlens": cu_seqlens,
         "cache_rows": cache_rows,
+        "accepted_steps": accepted_steps,
         "out": compact(key.io_dtype, (lead, tokens, HV, V), VECTOR_ALIGN),
         "cache": cache,
         "z": z,

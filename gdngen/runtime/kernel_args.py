@@ -91,6 +91,8 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("num_accepted_tokens"),
     Keyword("intermediate_state_indices"),
     Keyword("ssm_state_indices"),
+    Keyword("accepted_steps"),
+    Keyword("recovery_steps", 0),
     Keyword("mixed_qkv", checked=False),
     Keyword("z"),
     Keyword("norm_weight"),
@@ -115,6 +117,9 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
     KernelArg("num_accepted", INDEX, source="num_accepted_tokens"),
     KernelArg("cu_seqlens", INDEX),
     KernelArg("cache_rows", INDEX, source="intermediate_state_indices"),
+    # FlashInfer's state recovery: each row's last accepted token [N] (docs/design.md, "State
+    # recovery")
+    KernelArg("accepted_steps", INDEX),
     KernelArg("out", IN_PLACE, "cute.Tensor", source="output"),
     KernelArg("cache", IN_PLACE, source="intermediate_states_buffer"),
     KernelArg("scale", SCALAR, "Float32", source="plan.scale"),
@@ -128,6 +133,7 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
             ("per_token_slots", "bool"),
             ("uniform_rows", "bool"),
             ("exact_slot_table", "bool"),
+            ("recovery_steps", "int"),
         )
     ),
     *_tensors(INPUT, "z", "norm_weight"),

@@ -79,7 +79,7 @@ def call_key(
     initial_state_indices, output_state_indices, intermediate_states_buffer,
     disable_state_update, backend, state_layout, null_slot=-1, cu_seqlens=None, max_seqlen=None,
     uniform_seqlen=False, num_accepted_tokens=None, intermediate_state_indices=None,
-    ssm_state_indices=None, z=None,
+    ssm_state_indices=None, accepted_steps=None, recovery_steps=0, z=None,
     norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None,
     conv_bias=None, conv_activation="silu", intermediate_conv_windows=None, enable_pdl=None,
 ) -> tuple:  # fmt: skip
@@ -137,6 +137,9 @@ def call_key(
         None if ssm_state_indices is None else (
             ssm_state_indices.dtype, ssm_state_indices.shape[1:], ssm_state_indices.get_device()
         ),
+        None if accepted_steps is None else (
+            accepted_steps.dtype, accepted_steps.shape[1:], accepted_steps.get_device()
+        ),
         None if z is None else (z.dtype, z.shape, z.stride(), z.get_device()),
         None if norm_weight is None else (norm_weight.dtype, norm_weight.get_device()),
         None if conv_state is None else (
@@ -156,6 +159,7 @@ def call_key(
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),
         disable_state_update, backend, state_layout, type(null_slot), null_slot, type(norm_eps),
         norm_eps, norm_activation, conv_activation, type(enable_pdl), enable_pdl,
+        type(recovery_steps), recovery_steps,
     )  # fmt: skip
 
 

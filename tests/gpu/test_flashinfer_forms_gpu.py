@@ -1,6 +1,7 @@
 """FlashInfer's decode forms under FlashInfer's names (docs/design.md, "Call forms"): a negative
-``output_state_indices`` entry (the row is computed, no final state stored) and the per-token
-scatter ``ssm_state_indices [B, T]``. Each call is checked against the float64 reference, and
+``output_state_indices`` entry (the row is computed, no final state stored), the per-token
+scatter ``ssm_state_indices [B, T]``, strided pools and state recovery (``accepted_steps``,
+``recovery_steps``). Each call is checked against the float64 reference, and
 every pool slot the call does not own must keep its bits."""
 
 import pytest
@@ -155,11 +156,8 @@ def test_a_strided_pool_matches_the_reference_and_nothing_outside_it_changes(
     dense = args["initial_state"]
     slots, heads, rows, columns = dense.shape
     vector = 16 // dense.element_size()
-    buffer = torch.randn(slots, 2 * heads, rows + 1, columns + vector, device="cuda").to(
-        dense.dtype
-    )
-    inside = torch.zeros(buffer.shape, dtype=torch.bool, device="cuda")
-    inside[:, ::2, :rows, :columns] = True
+    shape = (slots, 2 * heads, rows + 1, columns + vector)
+    buffer = torch.randn(shape, device="cuda", dtype=dense.dtype)
     view = buffer[:, ::2, :rows, :columns]
     view.copy_(dense)
     buffer_before = buffer.clone()
@@ -177,7 +175,14 @@ def test_a_strided_pool_matches_the_reference_and_nothing_outside_it_changes(
     stored = TORCH_DTYPES[state_dtype]
     assert_close("output", out[live], ref.output[live], torch.bfloat16)
     assert (out[~live] == 0).all(), "padded rows must have zero output"
-    assert torch.equal(buffer[~inside], buffer_before[~inside]), "the buffer outside the view"
+    # The buffer outside the view, in three disjoint parts (no mask: at batch 96 a boolean
+    # index copies gigabytes): the odd heads, the spare row, the spare vector of each row.
+    for outside in (
+        (slice(None), slice(1, None, 2)),
+        (slice(None), slice(None, None, 2), slice(rows, None)),
+        (slice(None), slice(None, None, 2), slice(None, rows), slice(columns, None)),
+    ):
+        assert torch.equal(buffer[outside], buffer_before[outside]), f"the buffer at {outside}"
     written = args["initial_state_indices"].long()[live]
     touched = torch.zeros(slots, dtype=torch.bool, device="cuda")
     if not cache:
@@ -187,3 +192,165 @@ def test_a_strided_pool_matches_the_reference_and_nothing_outside_it_changes(
         got = as_k_last(args["intermediate_states_buffer"][live, :tokens], layout)
         assert_close("intermediate states", got, ref.intermediates[live], stored)
     assert torch.equal(view[~touched], dense[~touched]), "a slot the call does not own changed"
+
+
+def _recovery_check(out, pool, before, want, stored_slots, io, cache=None, cache_want=None):
+    """Outputs where the reference stores them (its NaN: nothing stored, so the NaN the output
+    was filled with stays), the stored slots against the reference, every other slot's bits."""
+    stored = ~torch.isnan(want.output)
+    assert_close("output", out[stored], want.output[stored], io)
+    assert torch.isnan(out[~stored]).all(), "an output the call does not store was written"
+    if stored_slots.numel():
+        assert_close(
+            "stored states", pool[stored_slots].double(), want.pool[stored_slots].double(),
+            pool.dtype,
+        )  # fmt: skip
+    untouched = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
+    untouched[stored_slots] = False
+    assert torch.equal(pool[untouched], before[untouched]), "a slot the call does not own changed"
+    if cache is not None:
+        # Row by row: a boolean index over the whole buffer would copy gigabytes.
+        for n in range(cache.shape[0]):
+            cached = ~torch.isnan(cache_want[n, :, 0, 0, 0])
+            if cached.any():
+                assert_close(f"cache row {n}", cache[n, cached], cache_want[n, cached], cache.dtype)
+            assert torch.isnan(cache[n, ~cached].double()).all(), f"cache row {n}: a step past it"
+
+
+RECOVERY_FORMS = ["accepted_steps", "recovery_steps_1", "recovery_steps_half", "recovery_steps_all"]
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("form", RECOVERY_FORMS)
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch", [5, 96])
+def test_recovery_replays_stores_and_decodes(layout, state_dtype, form, tokens, batch):
+    """FlashInfer's fused recovery: each row replays its first R tokens (R = accepted_steps[n] +
+    1, random per row, or recovery_steps), stores the state after them in its write slot, and
+    decodes the rest with output; no final write. Row 1 is padding (zero output where outputs
+    are stored), row 3 writes to -1 (computed, nothing stored). Two batch sizes reach different
+    variants of the dispatch (stepwise and staged solves)."""
+    steps = {"recovery_steps_1": 1, "recovery_steps_half": max(1, tokens // 2)}.get(form, tokens)
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=2 * batch + 3, separate_write_slots=True, padded_rows=(1,),
+        seed=batch * 100 + tokens * 10 + RECOVERY_FORMS.index(form),
+    )  # fmt: skip
+    args = problem.make("cuda")
+    writes = args["output_state_indices"]
+    writes[3] = -1
+    recovery = {"recovery_steps": steps}
+    if form == "accepted_steps":
+        gen = torch.Generator().manual_seed(problem.seed)
+        last = torch.randint(0, tokens, (batch,), generator=gen).to(writes.dtype).cuda()
+        recovery = {"accepted_steps": last}
+    pool = args["initial_state"]
+    before = pool.clone()
+    output = torch.full_like(args["v"], float("nan"))
+    out, returned = h200.gdn_decode(**args, output=output, **recovery)
+    torch.cuda.synchronize()
+    assert returned is pool and out is output
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm,
+        read_slots=args["initial_state_indices"], write_slots=writes, state_layout=layout,
+        **recovery,
+    )  # fmt: skip
+    live = args["initial_state_indices"] >= 0
+    stored_slots = writes[live & (writes >= 0)].long()
+    _recovery_check(out, pool, before, want, stored_slots, args["q"].dtype)
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [2, 4, 8])
+@pytest.mark.parametrize("batch", [5, 40])
+def test_accepted_steps_truncate_a_verify_call(layout, state_dtype, tokens, batch):
+    """accepted_steps with disable_state_update and the verify cache: each row runs its tokens
+    0..accepted_steps[n] (outputs, cache rows) and nothing after; the pool keeps its bits."""
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=batch + 3, padded_rows=(1,), cache_steps=tokens, disable_state_update=True,
+        seed=batch + 7 * tokens,
+    )  # fmt: skip
+    args = problem.make("cuda")
+    reads = args["initial_state_indices"]
+    gen = torch.Generator().manual_seed(problem.seed)
+    last = torch.randint(0, tokens, (batch,), generator=gen).to(reads.dtype).cuda()
+    pool = args["initial_state"]
+    before = pool.clone()
+    output = torch.full_like(args["v"], float("nan"))
+    out, _ = h200.gdn_decode(**args, output=output, accepted_steps=last)
+    torch.cuda.synchronize()
+    cache = args["intermediate_states_buffer"]
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm, read_slots=reads,
+        disable_state_update=True, state_layout=layout, accepted_steps=last,
+        cache=torch.full(cache.shape, float("nan"), dtype=torch.float64, device="cuda"),
+    )  # fmt: skip
+    empty = torch.empty(0, dtype=torch.long, device="cuda")
+    _recovery_check(out, pool, before, want, empty, args["q"].dtype, cache, want.cache)
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("tokens", [2, 4, 8])
+@pytest.mark.parametrize("batch", [3, 64])
+def test_accepted_steps_truncate_the_token_scatter(state_dtype, tokens, batch):
+    """accepted_steps with ssm_state_indices: row n stores the state after each of its tokens
+    0..accepted_steps[n] in that token's slot; the later tokens' slots keep their bits."""
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, state_dtype=state_dtype,
+        pool_size=batch * (tokens + 1) + 2, seed=batch * 10 + tokens + 1,
+    )  # fmt: skip
+    args = problem.make("cuda")
+    reads = args["initial_state_indices"]
+    pool = args["initial_state"]
+    taken = set(reads.tolist())
+    free = [s for s in range(pool.shape[0]) if s not in taken]
+    scatter = torch.tensor(free[: batch * tokens], dtype=reads.dtype, device="cuda")
+    scatter = scatter.view(batch, tokens).contiguous()
+    gen = torch.Generator().manual_seed(problem.seed)
+    last = torch.randint(0, tokens, (batch,), generator=gen).to(reads.dtype).cuda()
+    before = pool.clone()
+    output = torch.full_like(args["v"], float("nan"))
+    out, _ = h200.gdn_decode(
+        **args, output=output, ssm_state_indices=scatter, accepted_steps=last, check_indices=True
+    )
+    torch.cuda.synchronize()
+    want = reference_call(
+        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+        args["b"], scale=problem.scale, use_qk_l2norm=problem.use_qk_l2norm, read_slots=reads,
+        token_slots=scatter, accepted_steps=last,
+    )  # fmt: skip
+    columns = torch.arange(tokens, device="cuda")[None, :] <= last[:, None].long()
+    _recovery_check(out, pool, before, want, scatter[columns].long(), args["q"].dtype)
+
+
+def test_recovery_replays_in_a_graph_with_new_accepted_steps():
+    """A captured graph replays the fused recovery with new accepted_steps each replay (copied
+    into the captured tensor), and check_indices=True accepts the call."""
+    problem = Problem(batch=8, tokens=4, HV=32, pool_size=20, separate_write_slots=True, seed=3)
+    args = problem.make("cuda")
+    last = torch.zeros(8, dtype=args["initial_state_indices"].dtype, device="cuda")
+    output = torch.full_like(args["v"], float("nan"))
+    h200.gdn_decode(**args, output=output, accepted_steps=last, check_indices=True)
+    pool = args["initial_state"]
+    before = pool.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h200.gdn_decode(**args, output=output, accepted_steps=last)
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(5):
+        pool.copy_(before)
+        output.fill_(float("nan"))
+        last.copy_(torch.randint(0, 4, (8,), generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference_call(
+            args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
+            args["b"], read_slots=args["initial_state_indices"],
+            write_slots=args["output_state_indices"], accepted_steps=last,
+        )  # fmt: skip
+        _recovery_check(
+            output, pool, before, want, args["output_state_indices"].long(), args["q"].dtype
+        )
