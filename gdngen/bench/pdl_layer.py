@@ -11,6 +11,9 @@ so that each call may overlap the kernel before it. Before timing, the PDL chain
 pool are checked against the chain's without PDL (bit for bit: the kernels only move loads).
 
     python -m gdngen.bench.pdl_layer --out DIR [--batches 1,4,16] [--dtypes bf16,fp32] [--heads 64]
+
+``--variants A,B`` times each named variant of the target (its ``variant(name)``, no dispatch)
+in every cell instead of the dispatch's pick: how a dispatch rule for PDL calls is chosen.
 """
 
 from __future__ import annotations
@@ -203,6 +206,9 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--heads", default="64")
     parser.add_argument("--forms", default="plain,core", help="plain, core (conv and norm fused)")
+    parser.add_argument(
+        "--variants", default="", help="comma-separated variants to time instead of the dispatch"
+    )
     args = parser.parse_args(argv)
     import importlib
 
@@ -210,16 +216,19 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
     records = []
+    names = [name for name in args.variants.split(",") if name]
+    calls = [target.variant(name) for name in names] or [target.gdn_decode]
     for form in args.forms.split(","):
         for state_dtype in args.dtypes.split(","):
             for HV in (int(h) for h in args.heads.split(",")):
                 for batch in (int(b) for b in args.batches.split(",")):
-                    record = run_cell(
-                        target.gdn_decode, batch=batch, state_dtype=state_dtype, HV=HV,
-                        core=form == "core",
-                    )  # fmt: skip
-                    records.append(record)
-                    print(json.dumps(record), flush=True)
+                    for call in calls:
+                        record = run_cell(
+                            call, batch=batch, state_dtype=state_dtype, HV=HV,
+                            core=form == "core",
+                        )  # fmt: skip
+                        records.append(record)
+                        print(json.dumps(record), flush=True)
     (args.out / "pdl_layer.json").write_text(json.dumps(dict(env=env, records=records), indent=1))
     (args.out / "pdl_layer.md").write_text(markdown(records, env))
     print(markdown(records, env))
