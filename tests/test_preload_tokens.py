@@ -97,7 +97,7 @@ def test_it_moves_the_token_loads_before_the_solving_loop_and_changes_nothing_el
             "if cutlass.const_expr(conv_state is not None):",
             "if cutlass.const_expr(conv_state is not None):",
             "g, beta = token_gates(",
-            "a, b, A, bias, token_live[t], cu_seqlens is not None, at=(seq, token_at[t], hv)",
+            "a, b, A, bias, token_live[t], recovery.idle_tokens, at=(seq, token_at[t], hv)",
             ")",
             *(held_dropped if holds else []),
         ]
