@@ -1,5 +1,7 @@
-"""``python -m gdngen.bench.fi_forms``: FlashInfer's decode call forms, gdngen's ``gdn_decode``
-against FlashInfer 0.7.2's own kernel for each, side by side (docs/design.md, "Measuring").
+"""``python -m gdngen.bench.fi_forms``: gdn_decode against FlashInfer 0.7.2, form by form.
+
+FlashInfer's decode call forms, gdngen's ``gdn_decode`` against FlashInfer's own kernel for each,
+side by side (docs/design.md, "Measuring").
 
 The forms (gdngen.bench.fi_forms_inputs.FORMS): the per-token scatter ``ssm_state_indices``,
 strided pools (T = 1, and with the scatter), negative ``output_state_indices`` entries,
