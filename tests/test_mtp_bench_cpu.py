@@ -27,7 +27,7 @@ from gdngen.bench.mtp_inputs import (
 )
 from gdngen.bench.mtp_report import ADAPTER, PORT, TARGET_SPEEDUP, dump, join, markdown, summary
 from gdngen.engines.vllm import VllmGdn
-from gdngen.measure import environment
+from gdngen.measure import agreement, environment
 from gdngen.measure.summary import geometric_mean
 from gdngen.measure.vllm_source import write_bundle
 from tests.spec_helpers import ROOT
@@ -239,7 +239,7 @@ def test_states_that_differ_past_the_tolerance_are_refused():
 
 
 def test_changed_slots_and_their_error_go_a_chunk_at_a_time(monkeypatch):
-    monkeypatch.setattr(mtp, "CHUNK_SLOTS", 3)
+    monkeypatch.setattr(agreement, "CHUNK_SLOTS", 3)
     before = torch.randn(10, 2, 4, 4, generator=torch.Generator().manual_seed(1))
     after = before.clone()
     after[[2, 3, 7]] *= 1.5

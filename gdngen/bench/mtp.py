@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from gdngen.bench.arguments import comma_ints
 from gdngen.bench.mtp_inputs import (
     STATE_DTYPES,
     MtpCell,
@@ -45,6 +46,7 @@ from gdngen.bench.mtp_inputs import (
 )
 from gdngen.bench.mtp_report import ADAPTER, PORT, dump, join, markdown, ratio
 from gdngen.engines.vllm import VllmGdn
+from gdngen.measure.agreement import STATE_TOLERANCE, Disagreement, changed_slots, slot_error
 from gdngen.measure.environment import environment
 from gdngen.measure.summary import relative_error
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
@@ -57,46 +59,6 @@ from gdngen.measure.vllm_kernels import SOURCE_ENV, vllm_kernels
 #: through: three roundings, under 2^-8 in rms together, so 2^-7 leaves a factor of two. A wrong
 #: slot, head, gate or token order is off by O(1).
 OUTPUT_TOLERANCE = 2**-7
-#: the written states, relative to the port's (in norm over the written slots). Each stores a
-#: state once from its fp32 value, and the two fp32 values differ only by the order of the
-#: arithmetic: a bf16 state is within 2^-8 of its fp32 value, so the two are within 2^-7 of each
-#: other, element by element; fp32 states differ by that order alone (the GPU tests hold each
-#: within 2e-5 of the float64 reference, so 4e-5 apart; 1e-4 with margin).
-STATE_TOLERANCE = {"bf16": 2**-7, "fp32": 1e-4}
-#: slots compared at a time (a large pool in float64 at once would not fit beside the sets)
-CHUNK_SLOTS = 64
-
-
-class Disagreement(Exception):
-    """The two implementations left different results on the same inputs."""
-
-
-def changed_slots(pool: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-    """The slots (sorted indices) in which ``pool`` differs from ``before`` in any bit of any
-    element (so a state rewritten with its own bits counts as unchanged; random states make that
-    as likely as no write), a chunk of slots at a time."""
-    changed = [
-        (
-            pool[i : i + CHUNK_SLOTS].view(torch.uint8)
-            != before[i : i + CHUNK_SLOTS].view(torch.uint8)
-        )
-        .flatten(1)
-        .any(1)
-        for i in range(0, pool.shape[0], CHUNK_SLOTS)
-    ]
-    return torch.cat(changed).nonzero().flatten()
-
-
-def slot_error(got: torch.Tensor, expected: torch.Tensor, slots: torch.Tensor) -> float:
-    """``|got - expected| / |expected|`` over the given slots of two pools, in float64, a chunk of
-    slots at a time."""
-    squares = [0.0, 0.0]
-    for i in range(0, slots.numel(), CHUNK_SLOTS):
-        chunk = slots[i : i + CHUNK_SLOTS]
-        e = expected.index_select(0, chunk).double()
-        squares[0] += float((got.index_select(0, chunk).double() - e).pow(2).sum())
-        squares[1] += float(e.pow(2).sum())
-    return (squares[0] / squares[1]) ** 0.5
 
 
 def compare(before: torch.Tensor, theirs: dict, ours: dict, state_dtype: str) -> dict:
@@ -183,16 +145,6 @@ def run_cell(cell: MtpCell, target, port, device: str = "cuda") -> dict:
     return dict(record, us=us, ratio=ratio(us))
 
 
-def _ints(name: str, text: str) -> list[int]:
-    try:
-        values = [int(word) for word in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{name}: expected comma-separated integers; got {text!r}"
-        ) from None
-    return values
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gdngen.bench.mtp", description=__doc__.split("\n")[0]
@@ -204,13 +156,13 @@ def parser() -> argparse.ArgumentParser:
         help="time nothing: join the mtp.json of several runs (e.g. one per state dtype) into "
         "one report in --out",
     )  # fmt: skip
-    p.add_argument("--batches", type=partial(_ints, "--batches"), default="1,4,16,64,256")
+    p.add_argument("--batches", type=partial(comma_ints, "--batches"), default="1,4,16,64,256")
     p.add_argument(
-        "--tokens", type=partial(_ints, "--tokens"), default="2,4",
+        "--tokens", type=partial(comma_ints, "--tokens"), default="2,4",
         help="1 + S: tokens per request (the target token and S drafts)",
     )  # fmt: skip
     p.add_argument(
-        "--heads", type=partial(_ints, "--heads"), default="32,64",
+        "--heads", type=partial(comma_ints, "--heads"), default="32,64",
         help="HV: 32 is Qwen3-Next's geometry, 64 Qwen3.5's (H = 16, K = V = 128)",
     )  # fmt: skip
     p.add_argument(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from gdngen.bench.run_records import join_runs
 from gdngen.measure.summary import geometric_mean
 
 #: the bench's entries, as ``us`` names them
@@ -62,29 +63,11 @@ def dump(records: list[dict], env: dict) -> str:
 
 
 def join(saved: list[dict]) -> tuple[list[dict], dict]:
-    """The records of several runs' JSON (``dump``'s, read back) as one run's: their cells in
-    order, and the first run's environment, with ``joined`` giving each run's GPU UUID and
-    commit. Runs on different GPU models, or cells measured twice, are refused (ValueError)."""
-    if not saved:
-        raise ValueError("saved: expected at least one run's JSON; got none")
-    gpus = {run["environment"].get("gpu") for run in saved}
-    if len(gpus) > 1:
-        raise ValueError(f"saved: the runs are of different GPUs {sorted(map(str, gpus))}")
-    records, seen = [], set()
-    for run in saved:
-        for r in run["records"]:
-            key = (r["state_dtype"], r["HV"], r["tokens"], r["batch"])
-            if key in seen:
-                raise ValueError(f"saved: the cell {_where(r)} is in more than one run")
-            seen.add(key)
-            records.append(r)
-    env = dict(saved[0]["environment"])
-    env["joined"] = [
-        dict(gpu_uuid=run["environment"].get("gpu_uuid"),
-             gdngen_commit=run["environment"].get("gdngen_commit"))
-        for run in saved
-    ]  # fmt: skip
-    return records, env
+    """The records of several runs' JSON (``dump``'s, read back) as one run's
+    (gdngen.bench.run_records.join_runs): a cell is its state dtype, HV, 1 + S and batch."""
+    return join_runs(
+        saved, key=lambda r: (r["state_dtype"], r["HV"], r["tokens"], r["batch"]), where=_where
+    )
 
 
 def _versions(env: dict) -> str:
