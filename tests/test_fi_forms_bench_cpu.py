@@ -751,3 +751,26 @@ def test_runs_split_over_commands_join_into_one_report(tmp_path, capsys):
         join([json.loads(paths[0].read_text()), other_gpu])
     with pytest.raises(ValueError, match="the cell strided bf16 HV=32 T=1 B=1 is in more than"):
         join([json.loads(paths[0].read_text())] * 2)
+
+
+def doubles_the_outputs(m, padding_on_null_slot):
+    run_model(m, padding_on_null_slot)
+    m["out"].mul_(2)
+
+
+@pytest.mark.parametrize("side", ["flashinfer", "gdngen"])
+def test_a_disagreement_says_which_side_the_reference_backs(side):
+    """Where the outputs differ, the message gives each side's error against the float64
+    reference: the side that doubled its outputs is off by 1, the other by rounding."""
+    sides = dict(flashinfer=StandInFlashInfer(), target=StandInTarget())
+    if side == "flashinfer":
+        sides["flashinfer"] = StandInFlashInfer(run=doubles_the_outputs)
+    else:
+        sides["target"] = StandInTarget(run=doubles_the_outputs)
+    with pytest.raises(Disagreement) as caught:
+        check(tiny_cell("scatter", tokens=4), **sides)
+    found = re.search(r"reference: flashinfer ([\d.e+-]+), gdngen ([\d.e+-]+)", str(caught.value))
+    assert found, str(caught.value)
+    theirs, ours = float(found.group(1)), float(found.group(2))
+    off, fine = (theirs, ours) if side == "flashinfer" else (ours, theirs)
+    assert 0.9 < off < 1.1 and fine < 2**-7

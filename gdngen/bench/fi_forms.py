@@ -167,7 +167,34 @@ def check_cell(cell: FiCell, s: dict, theirs, ours) -> dict:
         except Exception as exc:  # noqa: BLE001 - the side and the error go into the record
             raise CallFailed(f"{who}'s call fails: {type(exc).__name__}: {exc}") from exc
     s["buffer"].copy_(before)
-    return compare(*outcomes, expected, defined_outputs(cell, s), cell.state_dtype)
+    defined = defined_outputs(cell, s)
+    try:
+        return compare(*outcomes, expected, defined, cell.state_dtype)
+    except Disagreement as disagreement:
+        # Which side is off: each one's outputs against the float64 recurrence on these inputs.
+        errors = reference_errors(cell, s, outcomes, defined)
+        raise Disagreement(
+            f"{disagreement}; against the float64 reference: {FLASHINFER} {errors[0]:.3g}, "
+            f"{GDNGEN} {errors[1]:.3g}"
+        ) from None
+
+
+def reference_errors(cell: FiCell, s: dict, outcomes: list, defined: torch.Tensor) -> list:
+    """Each outcome's output error (relative, over the outputs the form defines) against the
+    float64 reference of the form (gdngen.reference.reference_call) on set ``s``, whose pool
+    holds the state from before the calls."""
+    from gdngen.reference import reference_call
+
+    args = gdngen_arguments(cell, s)
+    want = reference_call(
+        args["q"], args["k"], args["v"], args["initial_state"], args["A_log"], args["a"],
+        args["dt_bias"], args["b"], scale=args["scale"], read_slots=args["initial_state_indices"],
+        write_slots=args.get("output_state_indices"), token_slots=args.get("ssm_state_indices"),
+        disable_state_update=args.get("disable_state_update", False),
+        accepted_steps=args.get("accepted_steps"), recovery_steps=args.get("recovery_steps", 0),
+    )  # fmt: skip
+    mask = defined.to(want.output.device)
+    return [relative_error(o.output[mask].double(), want.output[mask]) for o in outcomes]
 
 
 def run_cell(cell: FiCell, target, flashinfer, slots: int, device: str = "cuda") -> dict:
@@ -229,7 +256,19 @@ def parser() -> argparse.ArgumentParser:
         "--dtypes", type=comma_words, default=",".join(STATE_DTYPES),
         help="state dtypes (a form runs those FlashInfer serves it with)",
     )  # fmt: skip
+    p.add_argument(
+        "--variants", type=comma_words, default="",
+        help="time these variants of the target (no dispatch) in every cell, one after another: "
+        "how a dispatch rule for a form is chosen",
+    )  # fmt: skip
     return p
+
+
+class Pinned:
+    """A target whose ``gdn_decode`` is one variant's call, with no dispatch."""
+
+    def __init__(self, target, name: str):
+        self.gdn_decode = target.variant(name)
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[FiCell]]:
@@ -286,11 +325,13 @@ def main(argv=None) -> int:
     print(f"FlashInfer {env['flashinfer']}; {len(cells)} cells", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
+    served = [Pinned(target, name) for name in args.variants] or [target]
     for cell in cells:
-        records.append(run_cell(cell, target, flashinfer, sizes[cell.group]))
-        torch.cuda.empty_cache()  # the next cell's pool differs in size
-        print(json.dumps(records[-1]), flush=True)
-        (args.out / "fi_forms.json").write_text(dump(records, env))
+        for callee in served:
+            records.append(run_cell(cell, callee, flashinfer, sizes[cell.group]))
+            torch.cuda.empty_cache()  # the next cell's pool differs in size
+            print(json.dumps(records[-1]), flush=True)
+            (args.out / "fi_forms.json").write_text(dump(records, env))
     write_report(args.out, records, env)
     return exit_status(records)
 
