@@ -272,6 +272,47 @@ def _every_shape(max_tokens=4, batch_heads=33, heads=15):
         yield CallShape(layout, dtype, tokens, bh, intermediate, dims, norm, conv, hv, *form)
 
 
+def test_a_rule_for_separate_writes_serves_only_calls_that_write_elsewhere():
+    table = (replace(_rule("apart"), separate_writes=True), _rule("any"))
+
+    def pick(separate, per_token=False):
+        shape = CallShape(
+            "k_last", "bf16", 2, 8, True, K128, per_token_slots=per_token,
+            separate_writes=separate,
+        )  # fmt: skip
+        return select(table, shape).use
+
+    assert [pick(False), pick(True), pick(True, per_token=True)] == ["any", "apart", "apart"]
+    assert (
+        "separate_writes=yes"
+        in CallShape("k_last", "bf16", 1, 8, False, K128, separate_writes=True).describe()
+    )
+    # coverage and reach look at calls with and without separate writes
+    assert reached(table, [("k_last", "bf16")], [K128], 2) == list(table)
+    gap = coverage_gap(table[:1], [("k_last", "bf16")], [K128], 2)
+    assert gap == CallShape("k_last", "bf16", 1, 1, False, K128)
+
+
+def test_the_committed_table_sends_flashinfers_separate_writes_to_their_rules():
+    """FlashInfer's output_state_indices at T = 1 and its per-token scatter at T = 4, from
+    B*HV 4096, take the rules measured against FlashInfer's kernel; the same calls writing the
+    slots they read keep the tuned ones."""
+    common = dict(
+        layout="k_last", state_dtype="bf16", head_dims=K128, heads=64, gpu="NVIDIA H100 80GB HBM3"
+    )
+    update = h200.select(
+        tokens=1, batch_heads=4096, intermediate=False, separate_writes=True, **common
+    )
+    assert update.use.endswith("passes4_pf_unroll_staged_sm90") and update.separate_writes
+    scatter = h200.select(
+        tokens=4, batch_heads=16384, intermediate=True, per_token_slots=True,
+        separate_writes=True, **common,
+    )  # fmt: skip
+    assert scatter.use == "kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
+    in_place = h200.select(tokens=1, batch_heads=4096, intermediate=False, **common)
+    assert in_place.separate_writes is None and in_place is not update
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_first_match_boundaries_coverage_and_reach_agree_with_brute_force(seed):
     # FirstMatch is select; the boundary shapes (points taken per kind of call and T) meet every

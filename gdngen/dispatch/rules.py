@@ -92,6 +92,9 @@ class CallShape:
     packed: bool = False
     #: whether the state slots come from a per-token [N, 1 + S] table (vLLM's spec decode)
     per_token_slots: bool = False
+    #: whether the states are written to other slots than the ones read (FlashInfer's
+    #: output_state_indices, or its per-token scatter ssm_state_indices)
+    separate_writes: bool = False
 
     @property
     def kind(self) -> tuple:
@@ -99,7 +102,7 @@ class CallShape:
         rule serves a call of one kind is settled by :meth:`Rule.serves_size` alone."""
         return (
             self.layout, self.state_dtype, self.intermediate, self.head_dims, self.gated_norm,
-            self.conv1d, self.packed, self.per_token_slots,
+            self.conv1d, self.packed, self.per_token_slots, self.separate_writes,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -112,6 +115,7 @@ class CallShape:
             + (f" HV={self.heads}" if self.heads is not None else "")
             + (" packed=yes" if self.packed else "")
             + (" per_token_slots=yes" if self.per_token_slots else "")
+            + (" separate_writes=yes" if self.separate_writes else "")
         )
 
 
@@ -169,6 +173,10 @@ class Rule:
     #: leaves ``enable_pdl`` unset (docs/design.md, "Programmatic dependent launch"): false
     #: where the PDL kernel measured slower. An emitted row names it only where it is false
     pdl: bool = True
+    #: whether the rule is for calls that write other slots than they read (true), the same
+    #: (false), or both (None): reads and writes of different slots stream through L2 apart, so
+    #: they may want another variant (docs/perf/h100-2026-11-28-flashinfer-forms.md)
+    separate_writes: bool | None = None
 
     def __post_init__(self) -> None:
         if self.split_conv and self.conv1d is not True:
@@ -180,7 +188,11 @@ class Rule:
     @property
     def names_form(self) -> bool:
         """The rule holds a condition on the call's form (packed, per_token_slots)."""
-        return self.packed is not None or self.per_token_slots is not None
+        return (
+            self.packed is not None
+            or self.per_token_slots is not None
+            or self.separate_writes is not None
+        )
 
     def serves(self, shape: CallShape) -> bool:
         return self.serves_kind(shape) and self.serves_size(shape)
@@ -196,6 +208,7 @@ class Rule:
             and self.conv1d in (None, shape.conv1d)
             and self.packed in (None, shape.packed)
             and self.per_token_slots in (None, shape.per_token_slots)
+            and self.separate_writes in (None, shape.separate_writes)
         )
 
     def serves_size(self, shape: CallShape) -> bool:
@@ -226,7 +239,7 @@ def row(*values: object, **options: object) -> Rule:
 
 
 #: the Rule fields a row takes by keyword, where they are not their defaults
-ROW_OPTIONS = ("pdl",)
+ROW_OPTIONS = ("pdl", "separate_writes")
 #: a Rule's fields a row takes in order (its columns), and those that hold a Range
 _RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name not in ROW_OPTIONS)
 _RANGE_FIELDS = ("tokens", "batch_heads", "heads")
@@ -298,6 +311,11 @@ def call_forms(rules: Iterable[Rule]) -> tuple[CallForm, ...]:
     return CALL_FORMS if any(rule.names_form for rule in rules) else CALL_FORMS[:1]
 
 
+def separate_writes_named(rules: Iterable[Rule]) -> bool:
+    """Some rule tells calls with separate write slots from the others."""
+    return any(rule.separate_writes is not None for rule in rules)
+
+
 def boundary_shapes(
     rules: Sequence[Rule] | FirstMatch,
     pairs: Iterable[tuple[str, str]],
@@ -317,16 +335,20 @@ def boundary_shapes(
     dims = list(head_dims)
     fusions = list(fusions)
     forms = call_forms(first_match.rules)
+    # with and without separate write slots where a rule tells them apart
+    writes = (False, True) if separate_writes_named(first_match.rules) else (False,)
     for layout, state_dtype in pairs:
         for head in dims:
             for norm, conv in fusions:
                 for tokens in range(1, max_tokens + 1):
-                    for intermediate, (packed, per_token) in product((False, True), forms):
+                    for intermediate, (packed, per_token), separate in product(
+                        (False, True), forms, writes
+                    ):
                         if per_token and not intermediate:
                             continue  # a per-token table stores every token's state
                         shape = CallShape(
                             layout, state_dtype, tokens, 1, intermediate, head, norm, conv,
-                            packed=packed, per_token_slots=per_token,
+                            packed=packed, per_token_slots=per_token, separate_writes=separate,
                         )  # fmt: skip
                         at_tokens = [
                             r for r in first_match.of_kind(shape) if r.tokens.contains(tokens)

@@ -27,17 +27,19 @@ def reachable_rules(
     per_token_slots: bool = False,
     gated_norm: bool = False,
     conv1d: bool = False,
+    separate_writes: bool = False,
 ) -> list[Rule]:
     """Every rule the first-match dispatch picks for some batch*heads at these head dims (K, V)
     and value heads (None: rules for any HV only), in a call of this form (packed tokens, a
-    per-token slot table, the fused steps), in table order. The choice only changes where a
+    per-token slot table, the fused steps, write slots apart from the read ones), in table
+    order. The choice only changes where a
     rule's batch*heads range starts or ends, so those points (tried with the one selector) find
     them all."""
     found: dict[Rule, None] = {}
     for batch_heads in batch_heads_points(table):
         shape = CallShape(
             layout, state_dtype, tokens, batch_heads, intermediate, head_dims, gated_norm,
-            conv1d, heads, packed, per_token_slots,
+            conv1d, heads, packed, per_token_slots, separate_writes,
         )  # fmt: skip
         rule = select(table, shape)
         if rule is not None:
@@ -106,6 +108,11 @@ class Form:
             return [key]
         return [conv_step_key(key, conv_step_name(arch)), without_prologue(key)]
 
+    @property
+    def separate_writes(self) -> bool:
+        """Its calls write other slots than they read (a dispatch condition, CallShape's)."""
+        return self.separate_write_slots and self.index_dtype is not None and self.mode != "spec"
+
     def key(
         self, variant: str, arch: str, tokens: int, geometry, state_dtype: str, pdl: bool = True
     ) -> CompileKey:
@@ -115,7 +122,7 @@ class Form:
             K=geometry.K, V=geometry.V, io_dtype=self.io_dtype, gate_dtype=self.gate_dtype,
             dt_bias_dtype=self.dt_bias_dtype, state_dtype=state_dtype,
             index_dtype=self.index_dtype,
-            separate_write_slots=self.separate_write_slots and slotted and self.mode != "spec",
+            separate_write_slots=self.separate_writes,
             cache=self.mode in ("verify", "verify_rows"), write_final_state=self.mode == "update",
             use_qk_l2norm=self.use_qk_l2norm, null_slot=self.null_slot if slotted else -1,
             cu_seqlens_dtype=(self.index_dtype or "int32") if self.packed else None,
@@ -167,6 +174,7 @@ def compile_keys(
                             table, layout, state_dtype, tokens, intermediate,
                             (geometry.K, geometry.V), geometry.HV, form.packed,
                             form.mode == "spec", form.gated_norm, form.conv_width is not None,
+                            form.separate_writes,
                         ):  # fmt: skip
                             for key in form.keys(rule, arch, tokens, geometry, state_dtype):
                                 keys[key] = None
