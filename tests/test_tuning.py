@@ -43,6 +43,7 @@ from gdngen.tune.tuning_file import (
     gpu_model,
     load_tuning,
     pair_sha256,
+    read_tuning,
     variants_sha256,
 )
 from tests.spec_helpers import ROOT, evidence_tables, to_yaml
@@ -152,10 +153,44 @@ def test_retimed_cells_round_trip_and_files_without_retimes_keep_their_form(spec
     path = _write(tmp_path, tuning)
     text = path.read_text()
     assert yaml.safe_load(text)["retimed"] == [record]
-    assert f"retimed_us: [{{{LARGE_V}: 4.10, {SMALL_V}: 3.40}}, " in text
+    # every timing a list in the order of its set's columns (the variant names, sorted)
+    assert sorted([LARGE_V, SMALL_V]) == [LARGE_V, SMALL_V]
+    assert yaml.safe_load(text)["columns"]["k_last/bf16"] == [LARGE_V, SMALL_V]
+    assert "retimed_us: [[4.10, 3.40], [4.50, 3.30]]}" in text
     loaded = load_tuning(path, spec)
     assert sorted(loaded.cells, key=repr) == sorted(cells, key=repr)
     assert loaded.tuning.retimed == [record]
+
+
+def test_a_file_naming_every_timing_reads_as_the_columns_form(spec, tmp_path):
+    """Files written before the columns form (each timing a mapping of names) still read, to
+    the same cells; a variant missing from a timing comes back missing, not as a number."""
+    cells = _cells()
+    cells[0] = _retimed(cells[0], {SMALL_V: 3.4})
+    tuning = _tuning(spec, cells=cells)
+    named = tuning.model_dump(mode="json")
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(named))
+    assert read_tuning(old) == read_tuning(_write(tmp_path, tuning)) == tuning
+    assert "null" in dump_tuning(tuning)  # LARGE_V was not retimed in cell 0
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda d: d["columns"].pop("k_last/bf16"), "columns: no entry for the cells of k_last/bf16"),
+        (lambda d: d["cells"][0]["times_us"].append(1.0), "timing has 3 entries; its columns have 2"),
+        (lambda d: d.update(columns=["x"]), "columns: expected a mapping"),
+    ],
+    ids=["no_columns", "too_many", "not_a_mapping"],
+)  # fmt: skip
+def test_a_timing_that_does_not_fit_its_columns_is_named(spec, tmp_path, change, message):
+    data = yaml.safe_load(dump_tuning(_tuning(spec)))
+    change(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(TuningError, match=message):
+        read_tuning(path)
 
 
 def test_dump_is_sorted_and_deterministic(spec):

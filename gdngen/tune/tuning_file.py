@@ -211,11 +211,16 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def read_tuning(path: Path) -> TuningFile:
     """Parse a tuning file without checking it against a spec: ``gdngen tune --merge`` keeps the
-    pairs that are still fresh from a file that :func:`load_tuning` would refuse as a whole."""
+    pairs that are still fresh from a file that :func:`load_tuning` would refuse as a whole.
+    Either form: the columns one (:func:`dump_tuning`), or a name for every timing."""
     try:
         data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
     except (OSError, yaml.YAMLError) as exc:
         raise TuningError(f"{path}: cannot read tuning file: {exc}") from None
+    try:
+        data = _named_timings(data)
+    except ValueError as exc:
+        raise TuningError(f"{path}: invalid tuning file: {exc}") from None
     try:
         return TuningFile.model_validate(data)
     except ValidationError as exc:
@@ -335,13 +340,54 @@ _HEADER_FIELDS = (
 )
 
 
-def _flow(times: dict[str, float]) -> str:
-    """One timing as a one-line YAML mapping, names sorted."""
-    return "{" + ", ".join(f"{name}: {us:.2f}" for name, us in sorted(times.items())) + "}"
+def columns_key(cell: dict) -> str:
+    """The key of a cell's set in the file's ``columns``: ``k_last/bf16``, with ``K=.. V=..``
+    where the cell names head dims (as :func:`set_key` spells it, without the spec)."""
+    key = pair_key(cell["layout"], cell["state_dtype"])
+    return key if cell.get("K") is None else f"{key} K={cell['K']} V={cell['V']}"
+
+
+def _named_timings(data: object) -> object:
+    """A file in the columns form as the model reads it: each timing a mapping of variant names
+    (a null entry: not timed there). A file without ``columns`` is returned as it is."""
+    if not isinstance(data, dict) or "columns" not in data:
+        return data
+    data = dict(data)
+    columns = data.pop("columns")
+    if not isinstance(columns, dict):
+        raise ValueError("columns: expected a mapping of a set to its variants")
+
+    def named(times: object, key: str) -> dict:
+        names = columns.get(key)
+        if names is None:
+            raise ValueError(f"columns: no entry for the cells of {key}")
+        if not isinstance(times, list) or len(times) != len(names):
+            raise ValueError(
+                f"a {key} cell's timing has {len(times) if isinstance(times, list) else 'no'} "
+                f"entries; its columns have {len(names)}"
+            )
+        return {name: us for name, us in zip(names, times) if us is not None}
+
+    cells = []
+    for cell in data.get("cells") or []:
+        cell = dict(cell)
+        key = columns_key(cell)
+        cell["times_us"] = named(cell.get("times_us"), key)
+        cell["retimed_us"] = [named(times, key) for times in cell.get("retimed_us", [])]
+        cells.append(cell)
+    data["cells"] = cells
+    return data
+
+
+def _row(times: dict[str, float], names: list[str]) -> str:
+    """One timing as a one-line YAML list in the order of ``names`` (null: not timed there)."""
+    return "[" + ", ".join("null" if n not in times else f"{times[n]:.2f}" for n in names) + "]"
 
 
 def dump_tuning(tuning: TuningFile) -> str:
-    """YAML with one cell per block, cells and times sorted: small diffs when re-measured."""
+    """YAML with one cell per block, cells sorted: small diffs when re-measured. Each set's
+    variants are named once, in ``columns``; a cell's timings are lists in that order (the
+    names of every timing, written out, were most of a file's bytes)."""
     data = tuning.model_dump(mode="json")
     cells = sorted(
         data.pop("cells"),
@@ -353,13 +399,21 @@ def dump_tuning(tuning: TuningFile) -> str:
     data["variants_sha256"] = dict(sorted(data["variants_sha256"].items()))
     # `retimed` only once a --retime run has added timings: files without any stay as they were
     header = {field: data[field] for field in _HEADER_FIELDS if field != "retimed" or data[field]}
+    columns: dict[str, list[str]] = {}
+    for cell in cells:
+        names = columns.setdefault(columns_key(cell), [])
+        names.extend(n for t in (cell["times_us"], *cell["retimed_us"]) for n in t)
+    columns = {key: sorted(set(names)) for key, names in sorted(columns.items())}
     lines = [
         f"# Measured by `{tuning.command}`; do not edit by hand.",
-        "# `gdngen emit` turns these timings (microseconds per call) into dispatch rows.",
+        "# `gdngen emit` turns these timings (microseconds per call) into dispatch rows. A cell's",
+        "# timings are in the order of its set's `columns` (null: that variant not timed there).",
         yaml.safe_dump(header, sort_keys=False, width=100).rstrip(),
+        yaml.safe_dump({"columns": columns}, sort_keys=False, width=100).rstrip(),
         "cells:",
     ]
     for cell in cells:
+        names = columns[columns_key(cell)]
         head_dims = f" K: {cell['K']}, V: {cell['V']}," if cell["K"] is not None else ""
         lines.append(
             f"  - {{layout: {cell['layout']}, state_dtype: {cell['state_dtype']}, "
@@ -367,9 +421,9 @@ def dump_tuning(tuning: TuningFile) -> str:
             f"batch: {cell['batch']},{head_dims}"
         )
         retimed = cell["retimed_us"]
-        lines.append(f"     times_us: {_flow(cell['times_us'])}" + ("," if retimed else "}"))
+        lines.append(f"     times_us: {_row(cell['times_us'], names)}" + ("," if retimed else "}"))
         if retimed:
-            lines.append(f"     retimed_us: [{', '.join(_flow(t) for t in retimed)}]}}")
+            lines.append(f"     retimed_us: [{', '.join(_row(t, names) for t in retimed)}]}}")
     return "\n".join(lines) + "\n"
 
 
