@@ -69,6 +69,14 @@ def test_write_slot_at_null_slot_writes_nothing(null_slot):
         assert torch.equal(pool[slot], before[slot]), f"slot {slot} changed"
 
 
+def free_slot_table(reads: torch.Tensor, pool_size: int, batch: int, tokens: int) -> torch.Tensor:
+    """A [batch, tokens] per-token table of distinct pool slots that no row reads."""
+    taken = set(reads.tolist())
+    free = [s for s in range(pool_size) if s not in taken]
+    table = torch.tensor(free[: batch * tokens], dtype=reads.dtype, device=reads.device)
+    return table.view(batch, tokens).contiguous()
+
+
 @pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
 @pytest.mark.parametrize("tokens", [1, 2, 4, 8])
 @pytest.mark.parametrize("batch", [3, 64])
@@ -84,10 +92,7 @@ def test_token_scatter_matches_the_reference(layout, state_dtype, tokens, batch)
     args = problem.make("cuda")
     reads = args["initial_state_indices"]
     pool = args["initial_state"]
-    taken = set(reads.tolist())
-    free = [s for s in range(pool.shape[0]) if s not in taken]
-    scatter = torch.tensor(free[: batch * tokens], dtype=reads.dtype, device="cuda")
-    scatter = scatter.view(batch, tokens).contiguous()
+    scatter = free_slot_table(reads, pool.shape[0], batch, tokens)
     reads[1] = -1
     if tokens > 1:
         scatter[0, 1] = -1
@@ -217,6 +222,12 @@ def _recovery_check(out, pool, before, want, stored_slots, io, cache=None, cache
             assert torch.isnan(cache[n, ~cached].double()).all(), f"cache row {n}: a step past it"
 
 
+def random_last_accepted(seed: int, tokens: int, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """accepted_steps [batch]: each row's last accepted token, drawn from 0..tokens-1."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, tokens, (batch,), generator=gen).to(dtype).cuda()
+
+
 RECOVERY_FORMS = ["accepted_steps", "recovery_steps_1", "recovery_steps_half", "recovery_steps_all"]
 
 
@@ -241,9 +252,9 @@ def test_recovery_replays_stores_and_decodes(layout, state_dtype, form, tokens, 
     writes[3] = -1
     recovery = {"recovery_steps": steps}
     if form == "accepted_steps":
-        gen = torch.Generator().manual_seed(problem.seed)
-        last = torch.randint(0, tokens, (batch,), generator=gen).to(writes.dtype).cuda()
-        recovery = {"accepted_steps": last}
+        recovery = {
+            "accepted_steps": random_last_accepted(problem.seed, tokens, batch, writes.dtype)
+        }
     pool = args["initial_state"]
     before = pool.clone()
     output = torch.full_like(args["v"], float("nan"))
@@ -274,8 +285,7 @@ def test_accepted_steps_truncate_a_verify_call(layout, state_dtype, tokens, batc
     )  # fmt: skip
     args = problem.make("cuda")
     reads = args["initial_state_indices"]
-    gen = torch.Generator().manual_seed(problem.seed)
-    last = torch.randint(0, tokens, (batch,), generator=gen).to(reads.dtype).cuda()
+    last = random_last_accepted(problem.seed, tokens, batch, reads.dtype)
     pool = args["initial_state"]
     before = pool.clone()
     output = torch.full_like(args["v"], float("nan"))
@@ -305,12 +315,8 @@ def test_accepted_steps_truncate_the_token_scatter(state_dtype, tokens, batch):
     args = problem.make("cuda")
     reads = args["initial_state_indices"]
     pool = args["initial_state"]
-    taken = set(reads.tolist())
-    free = [s for s in range(pool.shape[0]) if s not in taken]
-    scatter = torch.tensor(free[: batch * tokens], dtype=reads.dtype, device="cuda")
-    scatter = scatter.view(batch, tokens).contiguous()
-    gen = torch.Generator().manual_seed(problem.seed)
-    last = torch.randint(0, tokens, (batch,), generator=gen).to(reads.dtype).cuda()
+    scatter = free_slot_table(reads, pool.shape[0], batch, tokens)
+    last = random_last_accepted(problem.seed, tokens, batch, reads.dtype)
     before = pool.clone()
     output = torch.full_like(args["v"], float("nan"))
     out, _ = h200.gdn_decode(
