@@ -82,6 +82,11 @@ def test_the_plain_kernel_loads_its_state_before_the_wait_and_its_inputs_after(t
     assert len(re.findall(r"ld\.global(\.\w+)*\.v4", before)) == 8
     assert len(re.findall(r"ld\.global(\.\w+)*\.v4", after)) >= 3
     assert not WRITES.search(before)
+    # after the wait every input load comes before the gates' arithmetic: q, k, v (16 bytes
+    # each) and a, b (one bf16 each) in flight together, not b after g's exp
+    first_exp = after.index("ex2.approx")
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v4", after[:first_exp])) == 3
+    assert len(re.findall(r"ld\.global(\.\w+)*\.b16", after[:first_exp])) == 2
 
 
 @pytest.mark.parametrize("target,arch", TARGETS)
