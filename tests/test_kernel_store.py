@@ -39,7 +39,7 @@ OTHER_VALUES = dict(
     num_accepted=True, cache_rows=True, uniform_rows=True, exact_slot_table=True,
     norm_activation="sigmoid", norm_weight_dtype="fp32",
     conv_width=4, conv_bias=True, conv_activation="identity", pdl=True,
-    strided_state=True,
+    strided_state=True, accepted_steps_dtype="int32", recovery_steps=2,
 )  # fmt: skip
 
 
