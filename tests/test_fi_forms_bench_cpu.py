@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -774,3 +775,40 @@ def test_a_disagreement_says_which_side_the_reference_backs(side):
     theirs, ours = float(found.group(1)), float(found.group(2))
     off, fine = (theirs, ours) if side == "flashinfer" else (ours, theirs)
     assert 0.9 < off < 1.1 and fine < 2**-7
+
+
+def test_isolate_runs_each_form_in_a_process_and_joins_what_they_wrote(tmp_path, monkeypatch):
+    """--isolate: one child per form with the other arguments as given; a child that dies
+    (here: the scatter's, before writing anything) leaves the other forms' records, joined,
+    and the run's status says it failed."""
+    commands = []
+
+    def child(command):
+        commands.append(command)
+        form, out = command[command.index("--forms") + 1], Path(command[command.index("--out") + 1])
+        if form == "scatter":
+            return subprocess.CompletedProcess(command, -6)
+        out.mkdir(parents=True)
+        (out / "fi_forms.json").write_text(dump([record(form, "bf16", 64, 1, 4, 12.0, 10.0)], ENV))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(fi_forms.subprocess, "run", child)
+    argv = [
+        "--isolate",
+        "--forms",
+        "strided,scatter,negative_writes",
+        "--heads=64",
+        "--out",
+        str(tmp_path),
+    ]
+    assert fi_forms.main(argv) == 1
+    assert [c[c.index("--forms") + 1] for c in commands] == [
+        "strided",
+        "scatter",
+        "negative_writes",
+    ]
+    for command in commands:
+        assert "--isolate" not in command and "--heads=64" in command
+        assert command.count("--forms") == 1 and command.count("--out") == 1
+    joined = json.loads((tmp_path / "fi_forms.json").read_text())
+    assert [r["form"] for r in joined["records"]] == ["strided", "negative_writes"]

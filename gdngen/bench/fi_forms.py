@@ -25,7 +25,9 @@ Writes ``fi_forms.json`` (after every cell) and ``fi_forms.md`` to ``--out``: pe
 the µs of both, FlashInfer / gdngen and the variant the dispatch picked; per form the cells where
 gdngen is slower and the geometric mean (gdngen.bench.fi_forms_report). ``--forms`` and
 ``--batches`` split the grid over several commands; ``--tables A/fi_forms.json B/fi_forms.json
---out C`` joins their records into one report.
+--out C`` joins their records into one report. ``--isolate`` runs each form in a process of its
+own and joins them: a CUDA fault (an illegal address ends the process) then costs one form's
+remaining cells, not the run's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -257,6 +260,11 @@ def parser() -> argparse.ArgumentParser:
         help="state dtypes (a form runs those FlashInfer serves it with)",
     )  # fmt: skip
     p.add_argument(
+        "--isolate", action="store_true",
+        help="run each form in a process of its own, then join their records: a CUDA fault "
+        "in one form ends only that form's process",
+    )  # fmt: skip
+    p.add_argument(
         "--variants", type=comma_words, default="",
         help="time these variants of the target (no dispatch) in every cell, one after another: "
         "how a dispatch rule for a form is chosen",
@@ -310,10 +318,51 @@ def tables(paths: list[Path], out: Path) -> int:
     return exit_status(records)
 
 
+def _without(argv: list[str], flags: tuple[str, ...], valued: tuple[str, ...]) -> list[str]:
+    """``argv`` less the ``flags`` and the ``valued`` options with their values (``--x v`` or
+    ``--x=v``)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags or arg.split("=", 1)[0] in valued and "=" in arg:
+            continue
+        elif arg in valued:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
+def isolated(argv: list[str], forms: list[str], out: Path) -> int:
+    """``--isolate``: each form in a child process of this bench (the same arguments, the form
+    alone, its own folder ``out/<form>``), then one report of every record the children wrote
+    (a child that died keeps the cells it wrote before). 1 if a child failed or a cell was not
+    timed, else 0."""
+    kept = _without(argv, ("--isolate",), ("--forms", "--out"))
+    paths, status = [], 0
+    for form in forms:
+        folder = out / form
+        command = [sys.executable, "-m", "gdngen.bench.fi_forms", *kept, "--forms", form]
+        child = subprocess.run([*command, "--out", str(folder)])
+        status = 1 if child.returncode else status
+        if (folder / "fi_forms.json").is_file():
+            paths.append(folder / "fi_forms.json")
+        if child.returncode not in (0, 1):
+            print(f"fi_forms: form {form}: its process ended with status {child.returncode}",
+                  file=sys.stderr)  # fmt: skip
+    if not paths:
+        return 1
+    return max(status, tables(paths, out))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, cells = parse_args(argv)
     if args.tables:
         return tables(args.tables, args.out)
+    if args.isolate:
+        return isolated(argv, args.forms, args.out)
     flashinfer = FlashInferForms()
     if flashinfer.missing:
         print(f"FlashInfer is needed: {flashinfer.missing}", file=sys.stderr)
