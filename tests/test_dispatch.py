@@ -18,7 +18,7 @@ from gdngen.dispatch import (
     row,
     select,
 )
-from gdngen.dispatch.rules import CALL_FORMS
+from gdngen.dispatch.rules import CALL_FORMS, pool_forms
 from gdngen.spec import load_spec
 from tests.spec_helpers import ROOT, SPEC_PATH
 
@@ -291,6 +291,32 @@ def test_a_rule_for_separate_writes_serves_only_calls_that_write_elsewhere():
     assert reached(table, [("k_last", "bf16")], [K128], 2) == list(table)
     gap = coverage_gap(table[:1], [("k_last", "bf16")], [K128], 2)
     assert gap == CallShape("k_last", "bf16", 1, 1, False, K128)
+
+
+def test_pool_forms_both_ways_only_where_a_rule_names_them():
+    assert pool_forms([_rule("any")]) == [{}]
+    apart = replace(_rule("apart"), separate_writes=True)
+    strided = replace(_rule("strided"), strided_state=False)
+    assert pool_forms([apart]) == [{"separate_writes": False}, {"separate_writes": True}]
+    assert len(pool_forms([apart, strided])) == 4
+    shape = CallShape("k_last", "bf16", 1, 8, False, K128, strided_state=True)
+    assert select((replace(_rule("dense"), strided_state=False), _rule("any")), shape).use == "any"
+    assert "strided_state=yes" in shape.describe()
+
+
+def test_a_strided_fp32_pool_takes_its_rule_on_an_h100():
+    common = dict(
+        layout="k_last", state_dtype="fp32", tokens=1, intermediate=False, head_dims=K128,
+        gpu="NVIDIA H100 80GB HBM3",
+    )  # fmt: skip
+    for batch_heads in (512, 1024):
+        rule = h200.select(batch_heads=batch_heads, heads=64, strided_state=True, **common)
+        assert rule.use == "kl_fp32_tv16_ilp8_vec4_tpg32_sm90" and rule.strided_state
+    dense = h200.select(batch_heads=1024, heads=64, **common)
+    assert dense.strided_state is None and dense.use != "kl_fp32_tv16_ilp8_vec4_tpg32_sm90"
+    assert (
+        h200.select(batch_heads=2048, heads=64, strided_state=True, **common).strided_state is None
+    )
 
 
 def test_the_committed_table_sends_flashinfers_separate_writes_to_their_rules():

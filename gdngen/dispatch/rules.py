@@ -95,6 +95,8 @@ class CallShape:
     #: whether the states are written to other slots than the ones read (FlashInfer's
     #: output_state_indices, or its per-token scatter ssm_state_indices)
     separate_writes: bool = False
+    #: whether the state pool is a strided view of a larger buffer (FlashInfer's strided pools)
+    strided_state: bool = False
 
     @property
     def kind(self) -> tuple:
@@ -103,6 +105,7 @@ class CallShape:
         return (
             self.layout, self.state_dtype, self.intermediate, self.head_dims, self.gated_norm,
             self.conv1d, self.packed, self.per_token_slots, self.separate_writes,
+            self.strided_state,
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -116,6 +119,7 @@ class CallShape:
             + (" packed=yes" if self.packed else "")
             + (" per_token_slots=yes" if self.per_token_slots else "")
             + (" separate_writes=yes" if self.separate_writes else "")
+            + (" strided_state=yes" if self.strided_state else "")
         )
 
 
@@ -177,6 +181,9 @@ class Rule:
     #: (false), or both (None): reads and writes of different slots stream through L2 apart, so
     #: they may want another variant (docs/perf/h100-2026-11-28-flashinfer-forms.md)
     separate_writes: bool | None = None
+    #: whether the rule is for calls on a strided pool (true), a dense one (false), or both
+    #: (None): a view's heads and rows lie apart, which may want another tile
+    strided_state: bool | None = None
 
     def __post_init__(self) -> None:
         if self.split_conv and self.conv1d is not True:
@@ -192,6 +199,7 @@ class Rule:
             self.packed is not None
             or self.per_token_slots is not None
             or self.separate_writes is not None
+            or self.strided_state is not None
         )
 
     def serves(self, shape: CallShape) -> bool:
@@ -209,6 +217,7 @@ class Rule:
             and self.packed in (None, shape.packed)
             and self.per_token_slots in (None, shape.per_token_slots)
             and self.separate_writes in (None, shape.separate_writes)
+            and self.strided_state in (None, shape.strided_state)
         )
 
     def serves_size(self, shape: CallShape) -> bool:
@@ -239,7 +248,7 @@ def row(*values: object, **options: object) -> Rule:
 
 
 #: the Rule fields a row takes by keyword, where they are not their defaults
-ROW_OPTIONS = ("pdl", "separate_writes")
+ROW_OPTIONS = ("pdl", "separate_writes", "strided_state")
 #: a Rule's fields a row takes in order (its columns), and those that hold a Range
 _RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name not in ROW_OPTIONS)
 _RANGE_FIELDS = ("tokens", "batch_heads", "heads")
@@ -311,9 +320,16 @@ def call_forms(rules: Iterable[Rule]) -> tuple[CallForm, ...]:
     return CALL_FORMS if any(rule.names_form for rule in rules) else CALL_FORMS[:1]
 
 
-def separate_writes_named(rules: Iterable[Rule]) -> bool:
-    """Some rule tells calls with separate write slots from the others."""
-    return any(rule.separate_writes is not None for rule in rules)
+#: the pool forms a rule may name (CallShape's and Rule's fields of these names)
+POOL_FORMS = ("separate_writes", "strided_state")
+
+
+def pool_forms(rules: Iterable[Rule]) -> list[dict[str, bool]]:
+    """The combinations of the pool forms (POOL_FORMS) whose first matches can differ under
+    ``rules``: each form both ways where some rule names it, else only off."""
+    rules = list(rules)
+    named = [form for form in POOL_FORMS if any(getattr(r, form) is not None for r in rules)]
+    return [dict(zip(named, values)) for values in product((False, True), repeat=len(named))]
 
 
 def boundary_shapes(
@@ -335,20 +351,20 @@ def boundary_shapes(
     dims = list(head_dims)
     fusions = list(fusions)
     forms = call_forms(first_match.rules)
-    # with and without separate write slots where a rule tells them apart
-    writes = (False, True) if separate_writes_named(first_match.rules) else (False,)
+    # each pool form both ways where a rule tells them apart
+    pools = pool_forms(first_match.rules)
     for layout, state_dtype in pairs:
         for head in dims:
             for norm, conv in fusions:
                 for tokens in range(1, max_tokens + 1):
-                    for intermediate, (packed, per_token), separate in product(
-                        (False, True), forms, writes
+                    for intermediate, (packed, per_token), pool in product(
+                        (False, True), forms, pools
                     ):
                         if per_token and not intermediate:
                             continue  # a per-token table stores every token's state
                         shape = CallShape(
                             layout, state_dtype, tokens, 1, intermediate, head, norm, conv,
-                            packed=packed, per_token_slots=per_token, separate_writes=separate,
+                            packed=packed, per_token_slots=per_token, **pool,
                         )  # fmt: skip
                         at_tokens = [
                             r for r in first_match.of_kind(shape) if r.tokens.contains(tokens)

@@ -134,13 +134,14 @@ class Target:
         packed: bool = False,
         per_token_slots: bool = False,
         separate_writes: bool = False,
+        strided_state: bool = False,
     ) -> Rule:
         """The dispatch rule that serves a call of this shape (``head_dims``: the geometry's
         (K, V); ``gated_norm``: with the gated RMSNorm epilogue, ``conv1d``: with the conv1d
         prologue as well; ``heads``: its value heads HV, None for the rules of any HV;
-        ``packed``, ``per_token_slots``, ``separate_writes``: its form, as CallShape has them)
-        on ``gpu``
-        (a device name; None: the current CUDA device's, or the default table without one);
+        ``packed``, ``per_token_slots``, ``separate_writes``, ``strided_state``: its form, as
+        CallShape has them) on ``gpu`` (a device name; None: the current CUDA device's, or the
+        default table without one);
         LookupError if none does."""
         if gpu is None and torch.cuda.is_available():
             table = self._device_table(torch.device("cuda", torch.cuda.current_device()))
@@ -148,7 +149,7 @@ class Target:
             table = self.table if gpu is None else self.table_for(gpu).table
         shape = CallShape(
             layout, state_dtype, tokens, batch_heads, intermediate, tuple(head_dims),
-            gated_norm, conv1d, heads, packed, per_token_slots, separate_writes,
+            gated_norm, conv1d, heads, packed, per_token_slots, separate_writes, strided_state,
         )  # fmt: skip
         return self._rule(table, shape)
 
@@ -164,7 +165,7 @@ class Target:
         return CallShape(
             call.layout, call.state_dtype, call.tokens, call.batch_heads,
             call.stores_token_states, (call.K, call.V), call.fused, conv1d, call.HV,
-            call.packed, call.per_token_slots, call.separate_write_slots,
+            call.packed, call.per_token_slots, call.separate_write_slots, call.strided_state,
         )  # fmt: skip
 
     def _choose(self, call: Call) -> Choice:
