@@ -143,3 +143,70 @@ def test_the_core_is_conv_then_split_then_recurrence_then_norm():
 def test_split_mixed_qkv_names_a_row_of_the_wrong_width():
     with pytest.raises(ValueError, match=r"mixed_qkv: rows of 2\*H\*K \+ HV\*V = 96; got 95"):
         split_mixed_qkv(torch.zeros(1, 95), 2, 16, 2, 16)
+
+
+def _packed_core(slots: str, tokens: int, seed: int, padded=(2,)):
+    """A packed fused-core call's arguments on the CPU (gdngen.problem.PackedProblem), with a
+    channels-first conv pool of W - 2 + T columns, z and the norm weight."""
+    from gdngen.problem import PackedProblem
+
+    H, K, HV, V = 2, 16, 4, 16
+    problem = PackedProblem(
+        sequences=5, tokens=tokens, H=H, HV=HV, K=K, V=V, mixed_qkv=True, slots=slots,
+        padded_rows=padded, state_dtype="fp32", seed=seed,
+    )  # fmt: skip
+    args = problem.make("cpu")
+    gen = torch.Generator().manual_seed(seed)
+    D = 2 * H * K + HV * V
+    args["conv_state"] = torch.randn(args["initial_state"].shape[0], D, 2 + tokens, generator=gen)
+    args["conv_weight"] = torch.randn(D, 4, generator=gen)
+    args["conv_bias"] = torch.randn(D, generator=gen)
+    z = torch.randn(1, 5 * tokens, HV, V, generator=gen)
+    return args, z, torch.randn(V, generator=gen), (H, K, HV, V)
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_packed_core_call_is_the_dense_core_on_its_rows(tokens):
+    from gdngen.reference.core import reference_core_call
+
+    args, z, weight, (H, K, HV, V) = _packed_core("row", tokens, seed=tokens)
+    D = args["mixed_qkv"].shape[-1]
+    ref = reference_core_call(args, z, weight, H=H, K=K, eps=1e-6)
+    dense = reference_decode_core(
+        args["mixed_qkv"].reshape(5, tokens, D), args["conv_state"][:, :, :3].contiguous(),
+        args["conv_weight"], args["conv_bias"], z.reshape(5, tokens, HV, V),
+        args["initial_state"], args["A_log"], args["a"].reshape(5, tokens, HV), args["dt_bias"],
+        args["b"].reshape(5, tokens, HV), weight, H=H, K=K, eps=1e-6,
+        slots=args["initial_state_indices"], null_slot=0,
+    )  # fmt: skip
+    assert torch.equal(ref.output.reshape(5, tokens, HV, V), dense.output)
+    assert torch.equal(ref.pool, dense.pool)
+    assert torch.equal(ref.conv_pool[:, :, :3], dense.conv_pool)
+    # a few sequences alone: theirs the same, the others' not computed (NaN) and not written
+    some = reference_core_call(args, z, weight, H=H, K=K, eps=1e-6, sequences=[4, 0])
+    out = some.output.reshape(5, tokens, HV, V)
+    # (float64 sums over other batch shapes: equal to rounding)
+    torch.testing.assert_close(out[[0, 4]], dense.output[[0, 4]], rtol=1e-12, atol=1e-12)
+    assert out[[1, 3]].isnan().all()
+    untouched = args["initial_state_indices"][[1, 3]].long()
+    assert torch.equal(some.pool[untouched], args["initial_state"][untouched])
+
+
+def test_packed_core_call_per_token_table():
+    # vLLM's per-token table with every row accepting its first token: the same outputs as the
+    # row form on column 0, every token's state in its column, the conv window from column 0.
+    from gdngen.reference.core import reference_core_call
+
+    args, z, weight, (H, K, _, _) = _packed_core("per_token", 3, seed=7)
+    args["num_accepted_tokens"] = torch.ones_like(args["num_accepted_tokens"])
+    table = args["initial_state_indices"]
+    ref = reference_core_call(args, z, weight, H=H, K=K, eps=1e-6)
+    rows = dict(args, initial_state_indices=table[:, 0].clone())
+    del rows["num_accepted_tokens"]
+    by_rows = reference_core_call(rows, z, weight, H=H, K=K, eps=1e-6)
+    assert torch.equal(ref.output, by_rows.output)
+    live = table[:, 0] > 0
+    assert torch.equal(ref.pool[table[live, -1].long()], by_rows.pool[table[live, 0].long()])
+    # per-token conv slots keep W - 2 + T columns: the window's last W - 2, then every input
+    assert torch.equal(ref.conv_pool[table[live, 0].long()][..., 2:],
+                       args["mixed_qkv"].reshape(5, 3, -1)[live].transpose(1, 2))  # fmt: skip
