@@ -145,6 +145,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.core:
+        return _tune_core(args, spec, spec_path, heads)
     grid_heads = sorted({hv for dims in spec.tuned_head_dims for hv in spec.tuning_heads(dims)})
     unknown = [h for h in heads or () if h not in grid_heads]
     if unknown:
@@ -223,6 +225,87 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 f"wrote {out}: {'/'.join(pair)} T={T} {done} ({len(measured.cells)} cells)",
                 flush=True,
             )
+    print(f"now run: gdngen emit {spec_path}")
+    return 0
+
+
+def _tune_core(args: argparse.Namespace, spec, spec_path: Path, heads) -> int:
+    """``gdngen tune SPEC --core``: the decode core's grid (gdngen.tune.core), merged into the
+    GPU's tuning file one pair and T at a time."""
+    import torch
+
+    from gdngen.measure.gpu_turns import gpu_turns
+    from gdngen.tune.core import tune_core
+    from gdngen.tune.run import TuneError, merge, write
+    from gdngen.tune.tuning_file import TuningError, read_tuning, tuning_path_for_gpu
+
+    grid = spec.tuning.core
+    if grid is None:
+        print(
+            f"gdngen tune --core: {spec_path} has no `tuning.core:` section (the decode core's "
+            "grid)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.retime or args.head_dims:
+        print(
+            "gdngen tune --core: --retime and --head-dims are for the plain grid; the core grid "
+            "is measured at the grid's base head dims",
+            file=sys.stderr,
+        )
+        return 2
+    unknown = [h for h in heads or () if h not in grid.heads]
+    if unknown:
+        print(
+            f"gdngen tune --core: --heads {unknown} are not in tuning.core.heads "
+            f"{list(grid.heads)}",
+            file=sys.stderr,
+        )
+        return 2
+    pairs = [tuple(p.split("/")) for p in args.pairs.split(",")] if args.pairs else None
+    unknown = [p for p in pairs or () if p not in grid.pair_tuples]
+    if unknown:
+        print(
+            f"gdngen tune --core: --pairs {['/'.join(p) for p in unknown]} are not in "
+            f"tuning.core.pairs {list(grid.pairs)}",
+            file=sys.stderr,
+        )
+        return 2
+    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+    if not torch.cuda.is_available():
+        print("gdngen tune: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out or tuning_path_for_gpu(spec_path, spec, torch.cuda.get_device_name()))
+    old = None
+    if out.exists():  # core cells join the file's plain ones (always merged)
+        try:
+            old = read_tuning(out)
+        except TuningError as exc:
+            print(f"gdngen tune --core: not merging with {out}: {exc}", file=sys.stderr)
+            return 2
+        if old.gpu != torch.cuda.get_device_name():
+            print(
+                f"gdngen tune --core: {out} was measured on {old.gpu!r}, this GPU is "
+                f"{torch.cuda.get_device_name()!r}: its cells would be dropped; pass --out to "
+                "write the core cells to a file of their own (then gdngen merge-tuning)",
+                file=sys.stderr,
+            )
+            return 2
+    gpu_turn = gpu_turns(args.gpu_lock)
+    for pair in pairs or list(grid.pair_tuples):
+        for T in sorted(tokens or grid.tokens):
+            try:
+                measured = tune_core(
+                    spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=heads,
+                    replays=args.replays, gpu_turn=gpu_turn,
+                )  # fmt: skip
+                old = merge(old, measured, spec)
+            except TuneError as exc:
+                print(f"gdngen tune --core: {exc}", file=sys.stderr)
+                return 1
+            write(out, old)
+            print(f"wrote {out}: {'/'.join(pair)} core T={T} ({len(measured.cells)} cells)",
+                  flush=True)  # fmt: skip
     print(f"now run: gdngen emit {spec_path}")
     return 0
 
@@ -394,6 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
         "this GPU) and add that timing to each cell: the dispatch then takes the variant whose "
         "mean gap to the fastest over all timings is least. Run it on another GPU of the same "
         "model, or at least in another process, to catch a ranking that differs between them",
+    )
+    p_tune.add_argument(
+        "--core",
+        action="store_true",
+        help="measure the decode core's grid (tuning.core: the conv1d prologue and the gated "
+        "RMSNorm, both plans of every variant with the epilogue) into the GPU's tuning file, "
+        "beside its other cells",
     )
     p_tune.add_argument("--replays", type=int, default=15)
     p_tune.add_argument(

@@ -43,6 +43,24 @@ def conv_step_name(sm: str) -> str:
     return f"conv_step_{sm_suffix(sm)}"
 
 
+#: how a tuning file names the split plan of a variant (the conv step, then the variant):
+#: ``split:<variant>``; the variant's own name is its fused plan (docs/design.md, "Tuning the
+#: decode core")
+SPLIT_PLAN = "split:"
+
+
+def plan_name(variant: str, split_conv: bool) -> str:
+    """A decode-core plan's name in a tuning file: the variant, or ``split:<variant>``."""
+    return SPLIT_PLAN + variant if split_conv else variant
+
+
+def plan_parts(name: str) -> tuple[str, bool]:
+    """(variant, split_conv) of a plan's name (:func:`plan_name`)."""
+    if name.startswith(SPLIT_PLAN):
+        return name[len(SPLIT_PLAN) :], True
+    return name, False
+
+
 def pair_key(layout: str, state_dtype: str) -> str:
     """How a (layout, state dtype) pair is named in files and messages: ``k_last/bf16``."""
     return f"{layout}/{state_dtype}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-EPS = 1e-6
+from gdngen.measure.core_cell import EPS
 
 
 def torch_gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

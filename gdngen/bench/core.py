@@ -52,55 +52,29 @@ from gdngen.measure.impls import FlashInfer
 from gdngen.measure.summary import geometric_mean, relative_error
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.measure.vllm_kernels import SOURCE_ENV, VllmKernels, vllm_kernels
+from gdngen.measure.core_cell import CONV_LAYOUTS, core_problem
+from gdngen.measure.core_cell import core_inputs as cell_inputs
 from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
 
 CONV_WIDTH = 4
-#: the key heads and head dims of both served models: Qwen3-Next (HV = 32) and Qwen3.5 (HV = 64)
-KEY_HEADS, HEAD_DIM = 16, 128
-CONV_LAYOUTS = ("channels_last", "channels_first")
 #: a check's relative error must stay below bf16's resolution of a few roundings
 CHECK_TOLERANCE = 2**-7
 #: the bytes one FlashInfer input set moves past which the peer reuses a single set
 PEER_SET_BYTES = 4 << 30
 
 
-def core_problem(batch: int, tokens: int, HV: int, state_dtype: str) -> PackedProblem:
-    """vLLM's form of the cell: [B] slots at T = 1, a per-token table at T > 1, slot 0 null."""
-    return PackedProblem(
-        sequences=batch, tokens=tokens, H=KEY_HEADS, HV=HV, K=HEAD_DIM, V=HEAD_DIM,
-        state_dtype=state_dtype, mixed_qkv=True, slots="per_token" if tokens > 1 else "row",
-    )  # fmt: skip
-
-
 def core_inputs(problem: PackedProblem, seed: int, conv: bool,
                 conv_layout: str = "channels_first", vllm: bool = False) -> dict:  # fmt: skip
-    """One input set: gdn_decode's arguments (on contiguous pre-conv rows), the norm's, and the
-    conv's: the fused call's state pool (in ``conv_layout``; the default is the layout the
-    scripts of earlier records ran) and FLA's dense cache holding the same windows; with
-    ``vllm``, what vLLM's calls take beyond them."""
-    args = problem.with_(seed=seed).make("cuda")
-    gen = torch.Generator(device="cuda").manual_seed(10_000 + seed)
-    B, T, H, HV, K, V = (problem.sequences, problem.tokens, problem.H, problem.HV, problem.K,
-                         problem.V)  # fmt: skip
-    channels = 2 * H * K + HV * V
-
-    def randn(*shape, std=1.0):
-        return (torch.randn(*shape, generator=gen, device="cuda") * std).to(torch.bfloat16)
-
-    args["mixed_qkv"] = randn(1, B * T, channels)
-    s = dict(
-        args=args,
-        z=randn(1, B * T, HV, V),
-        norm_weight=(1 + 0.1 * torch.randn(V, generator=gen, device="cuda")).to(torch.bfloat16),
-        output=torch.empty(1, B * T, HV, V, dtype=torch.bfloat16, device="cuda"),
-    )
-    if conv:
-        slots = args["initial_state"].shape[0]
-        columns = CONV_WIDTH - 2 + T
-        if conv_layout == "channels_last":  # vLLM's default: [slots, columns, D], viewed
-            pool = randn(slots, columns, channels).transpose(1, 2)
-        else:
-            pool = randn(slots, channels, columns)
+    """One input set (gdngen.measure.core_cell.core_inputs; the default layout is the one the
+    scripts of earlier records ran), with FLA's dense conv cache holding the same windows and,
+    with ``vllm``, what vLLM's calls take beyond them. Without ``conv`` the conv tensors go."""
+    s = cell_inputs(problem, seed, conv_width=CONV_WIDTH, conv_layout=conv_layout)
+    if not conv:
+        for name in ("conv_state", "conv_weight", "conv_bias"):
+            del s[name]
+    else:
+        args, pool = s["args"], s["conv_state"]
+        B, channels = problem.sequences, pool.shape[1]
         table = args["initial_state_indices"].long()
         fla_cache = torch.zeros(B, channels, CONV_WIDTH, dtype=torch.bfloat16, device="cuda")
         if table.dim() == 1:
@@ -108,12 +82,7 @@ def core_inputs(problem: PackedProblem, seed: int, conv: bool,
         else:  # the window of each row starts at its num_accepted_tokens - 1
             for n, accepted in enumerate(args["num_accepted_tokens"].tolist()):
                 fla_cache[n, :, 1:] = pool[table[n, 0], :, accepted - 1 : accepted + CONV_WIDTH - 2]
-        s.update(
-            conv_state=pool,
-            conv_weight=randn(channels, CONV_WIDTH, std=0.5),
-            conv_bias=randn(channels, std=0.2),
-            fla_cache=fla_cache,
-        )
+        s["fla_cache"] = fla_cache
     if vllm:
         vllm_chain.prepare_set(s, conv)
     return s
@@ -130,7 +99,7 @@ def peer_problem(problem: PackedProblem) -> Problem:
 
 
 def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, tokens, HV,
-             state_dtype, conv, conv_layout="channels_last") -> dict:  # fmt: skip
+             state_dtype, conv, conv_layout="channels_last", replays=25) -> dict:  # fmt: skip
     conv_step, norm_step = steps
     problem = core_problem(batch, tokens, HV, state_dtype)
     pool_bytes = batch * tokens * HV * problem.K * problem.V * TORCH_DTYPES[state_dtype].itemsize
@@ -217,7 +186,7 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
         state_dtype=state_dtype, conv=conv, conv_layout=conv_layout, variant=variant,
         plain_variant=plain_variant, split_variant=split_variant, error=error,
         vllm_errors=vllm_errors, skipped=skipped,
-        us=time_side_by_side(runs),
+        us=time_side_by_side(runs, replays=replays),
     )  # fmt: skip
 
 
@@ -402,6 +371,11 @@ def main(argv=None) -> None:
         help=f"vLLM's source for its chain: a folder or .tar.xz that tools/vllm_bundle.py made "
         f"(default ${SOURCE_ENV}); without it the vLLM chains are reported missing",
     )  # fmt: skip
+    parser.add_argument("--replays", type=int, default=25, help="timed replays of each entry")
+    parser.add_argument(
+        "--no-flashinfer", action="store_true", help="leave out the chain with FlashInfer's "
+        "recurrence (reported missing)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     target = importlib.import_module(f"generated.{args.target}")
     conv = not args.no_conv
@@ -416,6 +390,8 @@ def main(argv=None) -> None:
                conv_layout=args.conv_layout)  # fmt: skip
     print(f"vLLM chain: {env['vllm']}", flush=True)
     flashinfer = FlashInfer()
+    if args.no_flashinfer:
+        flashinfer.missing = "left out (--no-flashinfer)"
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for dtype in args.dtypes.split(","):
@@ -424,7 +400,8 @@ def main(argv=None) -> None:
                 for batch in map(int, args.batches.split(",")):
                     record = run_cell(target, steps, flashinfer, vllm, batch=batch,
                                       tokens=tokens, HV=HV, state_dtype=dtype, conv=conv,
-                                      conv_layout=args.conv_layout)  # fmt: skip
+                                      conv_layout=args.conv_layout,
+                                      replays=args.replays)  # fmt: skip
                     records.append(record)
                     torch.cuda.empty_cache()  # the next cell's pools differ in size
                     print(json.dumps(record), flush=True)

@@ -8,7 +8,14 @@ what the runtime reads. First match wins, written once (:func:`select`, and
 same matcher (:func:`coverage_gap`).
 """
 
-from .measured import Verdict, measured_evidence, measured_rules, tuned_ref, verdicts
+from .measured import (
+    Verdict,
+    core_rules,
+    measured_evidence,
+    measured_rules,
+    tuned_ref,
+    verdicts,
+)
 from .rules import (
     CallShape,
     FirstMatch,
@@ -36,6 +43,7 @@ __all__ = [
     "batch_heads_points",
     "boundary_shapes",
     "coverage_gap",
+    "core_rules",
     "measured_evidence",
     "measured_rules",
     "reached",

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from gdngen.terms import LAYOUT_PREFIX
+from gdngen.terms import LAYOUT_PREFIX, plan_parts
 
 from .rules import Range, Rule
 
@@ -252,6 +252,32 @@ def tuned_ref(
     return ref + (f"/hv{span(heads.lo, heads.hi)}" if heads else "")
 
 
+def _group_rules(
+    group: Sequence[MeasuredCell], common: dict, ref
+) -> Iterator[tuple[Rule, list[str]]]:
+    """The rules of one measured group (its cells of one layout, dtype, mode and T), each with
+    its evidence: each point's HV exceptions, then its spans. ``common`` holds the fields every
+    rule of the group shares; ``ref(batch_heads, heads)`` names a rule's source. A pick is a
+    plan's name (gdngen.terms.plan_name): a split plan becomes its variant with ``split_conv``."""
+
+    def picked(name: str) -> dict:
+        variant, split = plan_parts(name)
+        return dict(use=variant, split_conv=True) if split else dict(use=variant)
+
+    points = verdicts(group)
+    for exception in head_exceptions(group, points):
+        at = exception.point.batch_heads
+        rule = Rule(
+            **common, batch_heads=exception.batch_heads, heads=exception.heads,
+            **picked(exception.use), source=ref((at, at), exception.heads),
+        )  # fmt: skip
+        yield rule, exception.evidence
+    for batch_heads, variant, merged in _spans(points):
+        span = (merged[0].batch_heads, merged[-1].batch_heads)
+        rule = Rule(**common, batch_heads=batch_heads, **picked(variant), source=ref(span))
+        yield rule, [point.evidence() for point in merged]
+
+
 def _explained_rules(
     cells: Sequence[MeasuredCell],
     pairs: Iterable[tuple[str, str]],
@@ -279,24 +305,46 @@ def _explained_rules(
                     lo=1 if index == 0 else tokens,
                     hi=max_tokens if last else measured_tokens[index + 1] - 1,
                 )
-                group = groups[(layout, state_dtype, mode, tokens)]
-                points = verdicts(group)
                 common = dict(
                     layout=layout, state_dtype=state_dtype, tokens=token_range,
                     intermediate=intermediate, head_dims=head_dims, gated_norm=False,
                 )  # fmt: skip
                 ref = partial(tuned_ref, layout, state_dtype, head_dims, mode, tokens)
-                for exception in head_exceptions(group, points):
-                    at = exception.point.batch_heads
-                    rule = Rule(
-                        **common, batch_heads=exception.batch_heads, heads=exception.heads,
-                        use=exception.use, source=ref((at, at), exception.heads),
-                    )  # fmt: skip
-                    yield rule, exception.evidence
-                for batch_heads, variant, merged in _spans(points):
-                    span = (merged[0].batch_heads, merged[-1].batch_heads)
-                    rule = Rule(**common, batch_heads=batch_heads, use=variant, source=ref(span))
-                    yield rule, [point.evidence() for point in merged]
+                yield from _group_rules(groups[(layout, state_dtype, mode, tokens)], common, ref)
+
+
+def _explained_core_rules(
+    cells: Sequence[MeasuredCell], head_dims: tuple[int, int]
+) -> Iterator[tuple[Rule, list[str]]]:
+    """:func:`core_rules`, each with its evidence."""
+    groups: dict[tuple, list[MeasuredCell]] = defaultdict(list)
+    for cell in cells:
+        if cell.mode == "core":
+            groups[(cell.layout, cell.state_dtype, cell.tokens)].append(cell)
+    for layout, state_dtype in sorted({(l, d) for l, d, _ in groups}):
+        measured_tokens = sorted(t for (l, d, t) in groups if (l, d) == (layout, state_dtype))
+        for index, tokens in enumerate(measured_tokens):
+            last = index + 1 == len(measured_tokens)
+            token_range = Range(
+                lo=1 if index == 0 else tokens,
+                hi=tokens if last else measured_tokens[index + 1] - 1,
+            )
+            common = dict(
+                layout=layout, state_dtype=state_dtype, tokens=token_range, intermediate="any",
+                head_dims=head_dims, gated_norm=True, conv1d=True,
+            )  # fmt: skip
+            ref = partial(tuned_ref, layout, state_dtype, head_dims, "core", tokens)
+            yield from _group_rules(groups[(layout, state_dtype, tokens)], common, ref)
+
+
+def core_rules(cells: Sequence[MeasuredCell], head_dims: tuple[int, int]) -> list[Rule]:
+    """Rules for decode-core calls (the conv1d prologue and the gated RMSNorm; at T > 1 the
+    cells are vLLM's per-token form, which stores every token's state) at ``head_dims``, from the ``mode: core`` cells of ``cells`` (those of a pair whose
+    timings hold): each picks a plan,
+    the fused kernel or the split plan (``split_conv``). T between measured ones takes the rules
+    of the nearest measured T below, and no rule reaches past the largest measured T: the
+    spec's rules serve those calls, as they serve the others' forms."""
+    return [rule for rule, _ in _explained_core_rules(cells, head_dims)]
 
 
 def measured_rules(
@@ -324,7 +372,8 @@ def measured_evidence(
     """Why each of :func:`measured_rules` picks its variant, by its ``source``: a line per
     measured point behind it (time, gaps, runner-up; :meth:`Verdict.evidence`), or per cell for
     a rule of some HVs."""
-    return {
-        rule.source: evidence
-        for rule, evidence in _explained_rules(cells, pairs, max_tokens, head_dims)
-    }
+    explained = [
+        *_explained_core_rules(cells, head_dims),
+        *_explained_rules(cells, pairs, max_tokens, head_dims),
+    ]
+    return {rule.source: evidence for rule, evidence in explained}

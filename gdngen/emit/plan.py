@@ -20,10 +20,14 @@ from gdngen.device.lanes import butterfly_offsets, lane_stride, reduce_scatter
 from gdngen.dispatch import (
     Rule,
     ahead_of_measured,
+    boundary_shapes,
+    core_rules,
     coverage_gap,
     measured_evidence,
     measured_rules,
     reached,
+    select,
+    table_order,
 )
 from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
@@ -296,7 +300,9 @@ def measured_sets(
     if measured is None:
         return []
     base = spec.tuning_head_dims
-    with_cells = {(c.layout, c.state_dtype, c.head_dims(base)) for c in measured.cells}
+    with_cells = {
+        (c.layout, c.state_dtype, c.head_dims(base)) for c in measured.cells if c.mode != "core"
+    }
     return [s for s in spec.tuning_sets() if s in with_cells]
 
 
@@ -316,19 +322,31 @@ def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
     return reasons
 
 
+def _core_lead(rules: list[Rule]) -> list[Rule]:
+    """The rules a table with measured decode-core cells starts with (:func:`dispatch_rules`):
+    the spec's rules that hold PDL off for such calls, then the measured core rules."""
+    held = list(takewhile(lambda rule: rule.conv1d and not rule.pdl, rules))
+    core = list(takewhile(lambda r: r.conv1d and r.source.startswith("t:"), rules[len(held) :]))
+    return held + core if core else []
+
+
 def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
-    """dispatch.py's tables: the rules every table starts with (the spec's rules that go ahead
-    of measured ones, the same in each, as no measured rule comes before them), written once as
-    ``ahead``; then ``rules`` (the default table) and each GPU model's table without them."""
-    ahead = list(takewhile(ahead_of_measured, rules))
+    """dispatch.py's tables. Each starts with its own measured decode-core rules (``lead``,
+    ``leads``), then the rules every table has next (the spec's rules that go ahead of the other
+    measured ones, the same in each), written once as ``ahead``; then ``rules`` (the default
+    table) and each GPU model's table without those."""
+    lead = _core_lead(rules)
+    ahead = list(takewhile(ahead_of_measured, rules[len(lead) :]))
+    parts = {"ahead": ahead, "lead": lead, "rules": rules[len(lead) + len(ahead) :]}
+    parts["leads"], parts["tables"] = {}, {}
     for gpu, gpu_rules in tables.items():
-        if list(takewhile(ahead_of_measured, gpu_rules)) != ahead:
-            raise AssertionError(f"the {gpu} table does not start with the default's static rules")
-    return {
-        "ahead": ahead,
-        "rules": rules[len(ahead) :],
-        "tables": {gpu: gpu_rules[len(ahead) :] for gpu, gpu_rules in tables.items()},
-    }
+        gpu_lead = _core_lead(gpu_rules)
+        rest = gpu_rules[len(gpu_lead) :]
+        if list(takewhile(ahead_of_measured, rest)) != ahead:
+            raise AssertionError(f"the {gpu} table does not have the default's static rules")
+        parts["leads"][gpu] = gpu_lead
+        parts["tables"][gpu] = rest[len(ahead) :]
+    return parts
 
 
 def dispatch_files(
@@ -362,7 +380,12 @@ def dispatch_files(
                 "table_gpu": table_gpu,
                 "header": layout.header(),
                 "ahead": [layout.row(rule) for rule in parts["ahead"]],
+                "lead": [layout.row(rule) for rule in parts["lead"]],
                 "rules": [layout.row(rule) for rule in parts["rules"]],
+                "leads": {
+                    gpu: [layout.row(rule) for rule in rules]
+                    for gpu, rules in parts["leads"].items()
+                },
                 "tables": {
                     gpu: [layout.row(rule) for rule in rules]
                     for gpu, rules in parts["tables"].items()
@@ -407,17 +430,25 @@ def dispatch_evidence(spec: Spec, measured: Measured) -> dict[str, list[str]]:
 
 
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
-    """The dispatch table (first match wins): the spec's rules for calls with the gated RMSNorm
-    epilogue and its rules that name a call form (the tuning times the recurrence alone, on dense
-    rows, so they come before any measured rule); measured rules for the pairs whose timings
-    hold, at the head dims they were measured at; then the spec's other static rules that still
-    serve some call (every call of the other pairs, and the measured pairs' calls at other head
-    dims), each citing where it came from."""
+    """The dispatch table (first match wins): measured rules for decode-core calls, from the
+    tuning file's core cells (docs/design.md, "Tuning the decode core"); the spec's rules for
+    calls with the gated RMSNorm epilogue and its rules that name a call form (the plain tuning
+    times the recurrence alone, on dense rows, so they come before its rules); measured rules
+    for the pairs whose timings hold, at the head dims they were measured at; then the spec's
+    other static rules that still serve some call (every call of the other pairs, and the
+    measured pairs' calls at other head dims), each citing where it came from.
+
+    The static rules are kept as they are reached without the core rules, so that every table
+    holds the same ones ahead of its measured rules (dispatch.py writes them once): where a core
+    rule serves a call first, the spec's rule behind it stays and serves the calls it does not
+    (other T, other pairs, calls with a per-token cache)."""
     static = [replace(rule, source=f"spec[{index}]") for index, rule in enumerate(spec.dispatch)]
     rules = [rule for rule in static if ahead_of_measured(rule)]
+    lead: list[Rule] = []
     if measured:
         for cells, pairs, dims in _measured_by_head_dims(spec, measured):
             rules += measured_rules(cells, pairs, spec.features.max_tokens, dims)
+            lead += core_rules(cells, dims)
     rules += [rule for rule in static if not ahead_of_measured(rule)]
     gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
     if gap is not None:  # the spec's own rules cover every call (Spec validates), so: measured
@@ -425,4 +456,32 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
         raise TuningError(
             f"{where}: its dispatch rules leave a gap: no rule serves {gap.describe()}"
         )
-    return reached(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
+    reach = reached(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
+    if lead:
+        lead = _held_pdl_off(spec, static) + lead
+    return lead + reach
+
+
+def _held_pdl_off(spec: Spec, static: list[Rule]) -> list[Rule]:
+    """The spec's rules that hold PDL off (``pdl: false``) for decode-core calls, which go
+    before the measured core rules: the core tune times every plan with PDL, as a call gets it
+    by default, so it cannot rank a plan against the same kernel without PDL, which is what
+    such a rule was measured for (docs/design.md, "Tuning the decode core"). Each must be the
+    spec's own first match for every call it serves, so that putting it first changes no other
+    rule's calls."""
+    held = [rule for rule in static if rule.conv1d and not rule.pdl]
+    if not held:
+        return []
+    ordered = table_order(static)
+    fusions = [(True, True)]
+    for shape in boundary_shapes(
+        ordered, spec.served, spec.head_dims, spec.features.max_tokens, fusions
+    ):
+        for rule in held:
+            if rule.serves(shape) and select(ordered, shape) is not rule:
+                raise TuningError(
+                    f"{rule.source} holds PDL off for decode-core calls, but the spec's "
+                    f"{select(ordered, shape).source} serves {shape.describe()} first: a core "
+                    "rule held ahead of the measured ones must be the first match of its calls"
+                )
+    return held

@@ -356,6 +356,37 @@ class Features(_Strict):
         return self
 
 
+class CoreGrid(_Strict):
+    """The decode core's grid (``gdngen tune SPEC --core``; docs/design.md, "Tuning the decode
+    core"): calls with the conv1d prologue and the gated RMSNorm epilogue, in vLLM's call forms,
+    at the grid's base head dims. Each cell times both plans of every variant that has the
+    epilogue: the fused kernel, and the conv step before the kernel (the split plan)."""
+
+    #: the (layout, state dtype) pairs measured, as ``layout/dtype`` (e.g. ``k_last/bf16``)
+    pairs: tuple[str, ...] = Field(min_length=1)
+    tokens: tuple[int, ...] = (1, 2, 4)
+    batch: tuple[int, ...] = (1, 4, 16, 64, 256, 512)
+    heads: tuple[int, ...] = (32, 64)
+    #: the conv width the cells run (engines use 4; the width is a compile key, not a rule's)
+    conv_width: int = 4
+
+    @model_validator(mode="after")
+    def _grid(self) -> "CoreGrid":
+        if any(t < 1 for t in self.tokens) or any(b < 1 for b in self.batch):
+            raise ValueError("core: tokens and batch sizes must be >= 1")
+        for pair in self.pairs:
+            parts = pair.split("/")
+            if len(parts) != 2 or parts[0] not in LAYOUT_PREFIX or parts[1] not in STATE_BYTES:
+                raise ValueError(
+                    f"core.pairs: expected layout/dtype items like k_last/bf16; got {pair!r}"
+                )
+        return self
+
+    @property
+    def pair_tuples(self) -> tuple[tuple[str, str], ...]:
+        return tuple(tuple(p.split("/")) for p in self.pairs)  # type: ignore[misc]
+
+
 class Tuning(_Strict):
     """The grid ``gdngen tune`` measures on a GPU, and the GPU its tuning file must come from.
 
@@ -379,6 +410,8 @@ class Tuning(_Strict):
     head_dims: tuple[tuple[int, int], ...] = ()
     #: for T > 1, time only the variants within this factor of the best at T = 1 somewhere
     multi_token_shortlist: float = Field(default=1.10, ge=1.0)
+    #: the decode core's grid (``gdngen tune --core``), if the spec measures it
+    core: CoreGrid | None = None
 
     @model_validator(mode="after")
     def _grid(self) -> "Tuning":
@@ -589,6 +622,8 @@ class Spec(_Strict):
                         f"geometry ({', '.join(str(list(d)) for d in self.head_dims)}) other "
                         f"than tuning.heads' {list(next(iter(measured_dims)))}"
                     )
+            if self.tuning.core is not None:
+                self._check_core_grid(self.tuning.core)
         gap = coverage_gap(
             self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.fusions
         )
@@ -629,6 +664,55 @@ class Spec(_Strict):
             )
         self._check_rules_fit_calls()
         return self
+
+    def _check_core_grid(self, core: CoreGrid) -> None:
+        if not (self.features.gated_rmsnorm and self.features.conv1d_widths):
+            raise ValueError(
+                "tuning.core: the decode core needs `gated_rmsnorm: true` and `conv1d_widths` "
+                "under `features:`"
+            )
+        if core.conv_width not in self.features.conv1d_widths:
+            raise ValueError(
+                f"tuning.core.conv_width: {core.conv_width} is not among the spec's "
+                f"conv1d_widths {list(self.features.conv1d_widths)}"
+            )
+        too_many = [t for t in core.tokens if t > self.features.max_tokens]
+        if too_many:
+            raise ValueError(
+                f"tuning.core.tokens: {too_many} exceed features.max_tokens="
+                f"{self.features.max_tokens}"
+            )
+        base = self.tuning_head_dims
+        heads = {g.HV for g in self.geometries if (g.K, g.V) == base}
+        unknown = [hv for hv in core.heads if hv not in heads]
+        if unknown:
+            raise ValueError(
+                f"tuning.core.heads: {unknown} are not the HV of a geometry with the grid's head "
+                f"dims {list(base)} ({sorted(heads)})"
+            )
+        for layout, state_dtype in core.pair_tuples:
+            if (layout, state_dtype) not in self.served:
+                raise ValueError(
+                    f"tuning.core.pairs: {layout}/{state_dtype} is not a pair the target serves"
+                )
+            if not self.core_candidates(layout, state_dtype):
+                raise ValueError(
+                    f"tuning.core.pairs: no {layout}/{state_dtype} variant has the gated RMSNorm "
+                    f"epilogue at head dims {list(base)}"
+                )
+
+    def core_candidates(self, layout: str, state_dtype: str) -> list[str]:
+        """The variants ``gdngen tune --core`` times (each on both plans) in the cells of one
+        pair: those built for the grid's base head dims with the gated RMSNorm epilogue, the
+        ``gated_norm_only`` ones among them."""
+        K, V = self.tuning_head_dims
+        return [
+            self.variant_name(v)
+            for v in self.variants
+            if (v.layout, v.state_dtype) == (layout, state_dtype)
+            and v.serves_head_dims(K, V)
+            and v.serves_gated_norm(V)
+        ]
 
     @property
     def fusions(self) -> tuple[Fusion, ...]:

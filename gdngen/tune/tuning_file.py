@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gdngen.spec.model import Spec
-from gdngen.terms import Layout, StateDtype, pair_key
+from gdngen.terms import Layout, StateDtype, pair_key, plan_parts
 
 
 class TuningError(ValueError):
@@ -36,7 +36,9 @@ class Cell(_Strict):
     layout: Layout
     state_dtype: StateDtype
     tokens: int = Field(ge=1)
-    mode: Literal["update", "verify"]
+    #: "core": a decode-core cell (``gdngen tune --core``), whose timings are of plans
+    #: (gdngen.terms.plan_name) in vLLM's call forms, with the conv1d prologue and the norm
+    mode: Literal["update", "verify", "core"]
     HV: int = Field(gt=0)
     batch: int = Field(gt=0)
     #: the head dims measured where they are not the grid's base (``Spec.tuning_head_dims``), i.e.
@@ -95,11 +97,24 @@ class TuningFile(_Strict):
     cells: list[Cell]
 
 
-def set_key(layout: str, state_dtype: str, head_dims: tuple[int, int] | None, spec: Spec) -> str:
+#: how the key of a set of decode-core cells ends (:func:`set_key`)
+CORE_SET = " core"
+
+
+def set_key(
+    layout: str,
+    state_dtype: str,
+    head_dims: tuple[int, int] | None,
+    spec: Spec,
+    core: bool = False,
+) -> str:
     """How the cells of one (layout, dtype) pair at one head dims are named in files and messages:
     the pair (``k_last/bf16``) at the grid's base head dims, ``k_last/bf16 K=256 V=256`` at
-    others (``tuning.head_dims``)."""
+    others (``tuning.head_dims``); a pair's decode-core cells (``core``) are a set of their own,
+    ``k_last/bf16 core``, as their plans are other variants (those with the epilogue)."""
     key = pair_key(layout, state_dtype)
+    if core:
+        return key + CORE_SET
     if head_dims is None or head_dims == spec.tuning_head_dims:
         return key
     return f"{key} K={head_dims[0]} V={head_dims[1]}"
@@ -107,23 +122,34 @@ def set_key(layout: str, state_dtype: str, head_dims: tuple[int, int] | None, sp
 
 def cell_set(cell: Cell, spec: Spec) -> str:
     """:func:`set_key` of the set ``cell`` belongs to."""
-    return set_key(cell.layout, cell.state_dtype, cell.head_dims(spec.tuning_head_dims), spec)
+    dims = cell.head_dims(spec.tuning_head_dims)
+    return set_key(cell.layout, cell.state_dtype, dims, spec, cell.mode == "core")
 
 
 def pair_sha256(
-    spec: Spec, layout: str, state_dtype: str, head_dims: tuple[int, int] | None = None
+    spec: Spec,
+    layout: str,
+    state_dtype: str,
+    head_dims: tuple[int, int] | None = None,
+    core: bool = False,
 ) -> str:
     """What the timings of one (layout, dtype) pair at ``head_dims`` (default: the grid's base)
     depend on: the target, the SM and the knobs of that pair's variants built for those head dims
     (the candidates of its cells). Hashed per pair and head dims so that a variant added to one
     leaves the others' timings valid; knobs at their default value are left out, so that a knob
     added to the Variant model (which does not change existing kernels' code) invalidates
-    nothing."""
+    nothing. The decode-core cells of a pair (``core``) hash its :meth:`Spec.core_candidates`
+    instead."""
+    if core:
+        chosen = [spec.variants_by_name[n] for n in spec.core_candidates(layout, state_dtype)]
+    else:
+        chosen = spec.tuning_candidates(layout, state_dtype, head_dims)
     variants = sorted(
-        (spec.variant_name(v), v.model_dump(mode="json", exclude_defaults=True))
-        for v in spec.tuning_candidates(layout, state_dtype, head_dims)
+        (spec.variant_name(v), v.model_dump(mode="json", exclude_defaults=True)) for v in chosen
     )
     payload = {"target": spec.target, "sm": spec.sm, "variants": variants}
+    if core:
+        payload["plans"] = "core"
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -131,10 +157,15 @@ def variants_sha256(spec: Spec) -> dict[str, str]:
     """:func:`pair_sha256` of every (layout, dtype) pair that has variants in ``spec``, at every
     head dims the grid measures that the pair has candidates for, by :func:`set_key`."""
     pairs = sorted({(v.layout, v.state_dtype) for v in spec.variants})
-    return {
+    hashes = {
         set_key(layout, state_dtype, dims, spec): pair_sha256(spec, layout, state_dtype, dims)
         for layout, state_dtype, dims in spec.tuning_sets(pairs)
     }
+    core = spec.tuning.core if spec.tuning else None
+    for layout, state_dtype in core.pair_tuples if core else ():
+        key = set_key(layout, state_dtype, None, spec, core=True)
+        hashes[key] = pair_sha256(spec, layout, state_dtype, core=True)
+    return hashes
 
 
 def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
@@ -143,11 +174,13 @@ def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
     variants of that pair for those head dims changed since."""
     stale = {}
     base = spec.tuning_head_dims
-    sets = {(c.layout, c.state_dtype, c.head_dims(base)) for c in tuning.cells}
-    for layout, state_dtype, dims in sorted(sets, key=lambda s: (s[0], s[1], s[2] or (0, 0))):
-        key = set_key(layout, state_dtype, dims, spec)
+    sets = {(c.layout, c.state_dtype, c.head_dims(base), c.mode == "core") for c in tuning.cells}
+    for layout, state_dtype, dims, core in sorted(
+        sets, key=lambda s: (s[0], s[1], s[2] or (0, 0), s[3])
+    ):
+        key = set_key(layout, state_dtype, dims, spec, core)
         recorded = tuning.variants_sha256.get(key)
-        current = pair_sha256(spec, layout, state_dtype, dims)
+        current = pair_sha256(spec, layout, state_dtype, dims, core)
         if recorded is None:
             stale[key] = "the file records no variants sha256 for this pair"
         elif recorded != current:
@@ -281,6 +314,12 @@ def parse_head_dims(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(dims)
 
 
+def _variants_of(cell: Cell) -> set[str]:
+    """The variants a cell's timings name (a core cell's plans, by their variants)."""
+    names = {n for times in cell.timings for n in times}
+    return {plan_parts(n)[0] for n in names} if cell.mode == "core" else names
+
+
 def load_tuning(
     path: Path, spec: Spec, name: str | None = None, *, gpu: str | None = None
 ) -> Measured:
@@ -299,7 +338,7 @@ def load_tuning(
             f"{spec.target} ({spec.sm}); delete it or point the spec at its own file"
         )
     for cell in tuning.cells:
-        for variant_name in sorted({n for times in cell.timings for n in times}):
+        for variant_name in sorted(_variants_of(cell)):
             variant = spec.variants_by_name.get(variant_name)
             if variant and (variant.layout, variant.state_dtype) != (cell.layout, cell.state_dtype):
                 raise TuningError(
@@ -311,7 +350,7 @@ def load_tuning(
     for cell in tuning.cells:
         if cell_set(cell, spec) in stale:
             continue  # renamed or removed variants are expected there
-        unknown = sorted({n for times in cell.timings for n in times} - known)
+        unknown = sorted(_variants_of(cell) - known)
         if unknown:
             raise TuningError(
                 f"{path}: names variants the spec does not have: {', '.join(unknown)} (in a "
@@ -342,8 +381,11 @@ _HEADER_FIELDS = (
 
 def columns_key(cell: dict) -> str:
     """The key of a cell's set in the file's ``columns``: ``k_last/bf16``, with ``K=.. V=..``
-    where the cell names head dims (as :func:`set_key` spells it, without the spec)."""
+    where the cell names head dims, ``k_last/bf16 core`` for a decode-core cell (as
+    :func:`set_key` spells it, without the spec)."""
     key = pair_key(cell["layout"], cell["state_dtype"])
+    if cell.get("mode") == "core":
+        return key + CORE_SET
     return key if cell.get("K") is None else f"{key} K={cell['K']} V={cell['V']}"
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from gdngen.spec import parse_spec
 from gdngen.tune.run import retime_names
-from gdngen.dispatch import measured_rules
+from gdngen.dispatch import core_rules, measured_rules
 from gdngen.tune.tuning_file import load_tuning
 
 pytestmark = pytest.mark.gpu
@@ -149,3 +149,29 @@ def test_two_tune_processes_share_the_gpu_by_turns(tmp_path):
         assert sorted(c.batch for c in tuning.cells) == [1, 4]
         for cell in tuning.cells:
             assert len(cell.times_us) > 1 and all(us > 0 for us in cell.times_us.values())
+
+
+def test_tune_core_grid_feeds_emit(tmp_path):
+    # The decode core's grid, small: both plans of every bf16 candidate at T = 1 and 2 (vLLM's
+    # per-token form), checked against the float64 reference and timed, then its rules.
+    data = yaml.safe_load((ROOT / "specs" / "h200.yaml").read_text())
+    data["tuning"]["gpu"] = "NVIDIA"
+    data["tuning"]["other_gpus"] = []
+    data["tuning"]["core"] = {
+        "pairs": ["k_last/bf16"], "tokens": [1, 2], "batch": [1, 8], "heads": [32],
+    }  # fmt: skip
+    spec_path = tmp_path / "h200.yaml"
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "h200.tuning.yaml"
+    run = _gdngen("tune", str(spec_path), "--core", "--replays", "3", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    spec = parse_spec(spec_path.read_text(), str(spec_path))
+    tuning = load_tuning(out, spec)
+    assert not tuning.stale and len(tuning.cells) == 4
+    plans = 2 * len(spec.core_candidates("k_last", "bf16"))
+    for cell in tuning.cells:
+        assert cell.mode == "core" and len(cell.times_us) == plans
+        assert all(us > 0 for us in cell.times_us.values())
+    rules = core_rules(tuning.cells, spec.tuning_head_dims)
+    assert rules and all(rule.conv1d and rule.gated_norm for rule in rules)
+    assert {(rule.tokens.lo, rule.tokens.hi) for rule in rules} == {(1, 1), (2, 2)}

@@ -1,0 +1,163 @@
+"""`gdngen tune SPEC --core`: time both plans of every candidate variant in each cell of the
+spec's decode-core grid (``tuning.core``; docs/design.md, "Tuning the decode core").
+
+A core cell is a call with the conv1d prologue and the gated RMSNorm epilogue in vLLM's call
+forms (gdngen.measure.core_cell), at one (layout, state dtype, T, HV, B). Its plans are each
+variant with the epilogue (:meth:`gdngen.spec.model.Spec.core_candidates`) run fused (the
+prologue inside the kernel) and split (the conv step, then the variant:
+``split:<variant>``, gdngen.terms.plan_name). As in the plain tune, every plan is checked
+against the float64 reference before it is timed, all are timed side by side over the same
+rotating input sets, and twice (:func:`gdngen.tune.run.settle`). The cells join the tuning file
+with ``mode: core``; emit turns them into the GPU model's rules for such calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import shlex
+import sys
+import time
+from contextlib import nullcontext
+from typing import Callable, ContextManager, TextIO
+
+import torch
+
+from gdngen.measure.core_cell import check_core_call, core_bytes, core_inputs, core_kwargs
+from gdngen.measure.core_cell import core_problem
+from gdngen.measure.environment import environment
+from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
+from gdngen.spec.model import Spec
+from gdngen.terms import plan_name, plan_parts
+
+from .run import TuneError, settle
+from .tuning_file import Cell, TuningFile, gpu_model, pair_sha256, set_key, tuning_gpus
+
+#: a plan whose check error exceeds this is a bug, not a tuning result: bf16 outputs and
+#: conv-step rows (the split plan rounds the convolved rows to bf16 once) are a few bf16
+#: roundings off the float64 reference (2^-8 each)
+CORE_CHECK_TOL = 2**-7
+
+
+def core_plans(spec: Spec, layout: str, state_dtype: str) -> list[str]:
+    """Every plan a core cell of the pair times: each candidate fused, then split."""
+    variants = spec.core_candidates(layout, state_dtype)
+    return [plan_name(v, split) for split in (False, True) for v in variants]
+
+
+def time_core_plans(
+    target: str,
+    problem,
+    plans: list[str],
+    *,
+    conv_width: int,
+    replays: int,
+    gpu_turn: Callable[[], ContextManager] = nullcontext,
+) -> dict[str, float]:
+    """Microseconds per call of each plan on the core cell ``problem``, each checked first."""
+    module = importlib.import_module(f"generated.{target}")
+    sets = rotating_sets(core_bytes(problem, conv_width))
+    with gpu_turn():
+        inputs = [core_inputs(problem, seed, conv_width=conv_width) for seed in range(sets)]
+    calls = {}
+    for plan in plans:  # compiles (planning a signature also zeroes its small workspaces)
+        variant, split = plan_parts(plan)
+        calls[plan] = module.variant(variant, split_conv=split)
+        calls[plan].prepare(**core_kwargs(inputs[0]))
+    with gpu_turn():
+        runs = {}
+        for plan, call in calls.items():
+            error = check_core_call(call, inputs[0], problem)
+            if not error <= CORE_CHECK_TOL:
+                raise TuneError(
+                    f"{plan} disagrees with the reference on {problem}: error {error:.3g}"
+                )
+            runs[plan] = [lambda call=call, s=s: call(**core_kwargs(s)) for s in inputs]
+
+        def time_some(chosen: list[str]) -> dict[str, float]:
+            return time_side_by_side({plan: runs[plan] for plan in chosen}, replays=replays)
+
+        times = settle(time_some(plans), time_some)
+        del inputs, runs
+        torch.cuda.empty_cache()
+    return times
+
+
+def tune_core(
+    spec: Spec,
+    argv: list[str],
+    *,
+    pairs: list[tuple[str, str]] | None = None,
+    tokens: tuple[int, ...] | None = None,
+    heads: tuple[int, ...] | None = None,
+    replays: int = 15,
+    progress: TextIO = sys.stderr,
+    gpu_turn: Callable[[], ContextManager] = nullcontext,
+) -> TuningFile:
+    """Time the plans of every cell of the spec's core grid (or of its ``pairs``, ``tokens`` and
+    ``heads``), as a tuning file of the cells measured (``mode: core``)."""
+    grid = spec.tuning.core if spec.tuning else None
+    if grid is None:
+        raise TuneError("the spec has no `tuning.core:` section (the decode core's grid)")
+    gpu = torch.cuda.get_device_name()
+    if gpu_model(spec, gpu) is None:
+        raise TuneError(
+            f"this GPU is {gpu!r}; the spec measures {', '.join(map(repr, tuning_gpus(spec)))} "
+            "(tuning.gpu and tuning.other_gpus): add its model to tuning.other_gpus to measure it"
+        )
+    measured_pairs = list(pairs or grid.pair_tuples)
+    unknown = [p for p in measured_pairs if p not in grid.pair_tuples]
+    if unknown:
+        raise TuneError(f"--pairs: {unknown} are not in tuning.core.pairs {list(grid.pairs)}")
+    with gpu_turn():
+        copy_bw = copy_bandwidth()
+    dims = spec.tuning_head_dims
+    cells: list[Cell] = []
+    started = time.time()
+    for layout, state_dtype in measured_pairs:
+        plans = core_plans(spec, layout, state_dtype)
+        for T in sorted(tokens or grid.tokens):
+            for HV in (hv for hv in grid.heads if heads is None or hv in heads):
+                g = spec.tuning_geometry(HV, dims)
+                for B in grid.batch:
+                    where = f"{layout}/{state_dtype} core T={T} HV={HV:3d} B={B:4d}"
+                    problem = core_problem(B, T, HV, state_dtype, H=g.H, K=g.K, V=g.V,
+                                           layout=layout)  # fmt: skip
+                    try:
+                        times = time_core_plans(
+                            spec.target, problem, plans, conv_width=grid.conv_width,
+                            replays=replays, gpu_turn=gpu_turn,
+                        )  # fmt: skip
+                    except torch.cuda.OutOfMemoryError:
+                        torch.cuda.empty_cache()
+                        print(f"{where}: not measured: out of memory", file=progress, flush=True)
+                        continue
+                    cell = Cell(
+                        layout=layout, state_dtype=state_dtype, tokens=T, mode="core", HV=HV,
+                        batch=B, times_us={n: round(us, 2) for n, us in times.items()},
+                    )  # fmt: skip
+                    cells.append(cell)
+                    best = min(times, key=times.get)
+                    print(
+                        f"{time.time() - started:6.0f}s {where}: best {best} {times[best]:.2f} us "
+                        f"of {len(times)}",
+                        file=progress,
+                        flush=True,
+                    )
+    meta = environment()
+    return TuningFile(
+        target=spec.target,
+        sm=spec.sm,
+        gpu=gpu,
+        date=datetime.date.today().isoformat(),
+        command="gdngen " + shlex.join(argv),
+        variants_sha256={
+            set_key(layout, state_dtype, dims, spec, core=True): pair_sha256(
+                spec, layout, state_dtype, core=True
+            )
+            for layout, state_dtype in measured_pairs
+        },
+        copy_bw_tbps=round(copy_bw / 1e12, 3),
+        versions=dict(meta["versions"]),
+        cells=cells,
+    )

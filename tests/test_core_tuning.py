@@ -1,0 +1,187 @@
+"""The decode core's tuning (docs/design.md, "Tuning the decode core"): the spec's core grid,
+core cells in tuning files, the rules emit makes of them and where a table holds those rules.
+The timing itself runs on a GPU (tests/gpu/test_bench_tune_gpu.py)."""
+
+import pytest
+
+from gdngen.dispatch import CallShape, Range, core_rules, select
+from gdngen.emit.plan import dispatch_files, dispatch_rules
+from gdngen.emit.render import render
+from gdngen.spec import SpecError, parse_spec
+from gdngen.terms import plan_name, plan_parts
+from gdngen.tune.core import core_plans
+from gdngen.tune.tuning_file import (
+    Cell,
+    Measured,
+    TuningFile,
+    dump_tuning,
+    load_tuning,
+    pair_sha256,
+    set_key,
+    stale_pairs,
+    variants_sha256,
+)
+from tests.spec_helpers import SPEC_PATH, h200_dict, to_yaml
+
+FUSED_BF16 = "kl_bf16_tv128_ilp8_vec8_tpg16_sm90"
+SPLIT_BF16 = "kl_bf16_tv64_ilp8_vec8_tpg16_sm90"
+FUSED_FP32 = "kl_fp32_tv64_ilp8_vec4_tpg32_sm90"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return parse_spec(SPEC_PATH.read_text(), str(SPEC_PATH))
+
+
+def _core_cells(tokens=(1, 2, 4)) -> list[Cell]:
+    """k_last/bf16 core cells: the fused tv128 plan wins below B*HV 4096, the split tv64 plan
+    from there up; k_last/fp32: the fused tv64 plan everywhere."""
+    cells = []
+    for T in tokens:
+        for HV in (32, 64):
+            for batch in (1, 64, 256):
+                bh = batch * HV
+                fused, split = 5.0 + bh * 0.01, (4.0 + bh * 0.009 if bh >= 4096 else 99.0)
+                cells.append(Cell(
+                    layout="k_last", state_dtype="bf16", tokens=T, mode="core", HV=HV,
+                    batch=batch,
+                    times_us={FUSED_BF16: round(fused, 2), plan_name(SPLIT_BF16, True): split},
+                ))  # fmt: skip
+                cells.append(Cell(
+                    layout="k_last", state_dtype="fp32", tokens=T, mode="core", HV=HV,
+                    batch=batch,
+                    times_us={FUSED_FP32: 6 + bh * 0.02, plan_name(FUSED_FP32, True): 7 + bh * 0.03},
+                ))  # fmt: skip
+    return cells
+
+
+def _core_file(spec, cells) -> TuningFile:
+    hashes = {
+        set_key("k_last", d, None, spec, core=True): pair_sha256(spec, "k_last", d, core=True)
+        for d in ("bf16", "fp32")
+    }
+    return TuningFile(
+        target="h200", sm="sm_90a", gpu="NVIDIA H100 80GB HBM3", date="2026-11-28",
+        command="gdngen tune specs/h200.yaml --core", variants_sha256=hashes,
+        copy_bw_tbps=3.0, cells=cells,
+    )  # fmt: skip
+
+
+def test_plan_names_round_trip():
+    assert plan_parts(plan_name(SPLIT_BF16, True)) == (SPLIT_BF16, True)
+    assert plan_parts(plan_name(SPLIT_BF16, False)) == (SPLIT_BF16, False)
+    assert plan_name(SPLIT_BF16, True) == "split:" + SPLIT_BF16
+
+
+def test_core_candidates_have_the_epilogue_and_both_plans(spec):
+    for state_dtype in ("bf16", "fp32"):
+        plans = core_plans(spec, "k_last", state_dtype)
+        variants = spec.core_candidates("k_last", state_dtype)
+        assert len(plans) == 2 * len(variants) and len(variants) >= 5
+        for name in variants:
+            variant = spec.variants_by_name[name]
+            assert variant.serves_gated_norm(128) and variant.serves_head_dims(128, 128)
+            assert plan_name(name, True) in plans and name in plans
+    # the gated_norm_only kernels are candidates here (the plain tuning leaves them out)
+    assert FUSED_BF16 in spec.core_candidates("k_last", "bf16")
+    assert FUSED_BF16 not in [
+        spec.variant_name(v) for v in spec.tuning_candidates("k_last", "bf16")
+    ]
+
+
+@pytest.mark.parametrize(
+    "core, message",
+    [
+        ({"pairs": ["k_last/bf8"]}, "core.pairs: expected layout/dtype"),
+        ({"pairs": ["k_last/bf16"], "heads": [3]}, "tuning.core.heads: [3]"),
+        ({"pairs": ["k_last/bf16"], "conv_width": 5}, "tuning.core.conv_width: 5"),
+        ({"pairs": ["k_last/bf16"], "tokens": [9]}, "tuning.core.tokens: [9]"),
+        ({"pairs": []}, "pairs"),
+    ],
+)
+def test_a_bad_core_grid_is_refused_naming_it(core, message):
+    data = h200_dict()
+    data["tuning"]["core"] = core
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_spec(to_yaml(data), "specs/h200.yaml")
+
+
+def test_core_rules_pick_plans_per_point_and_stop_at_the_largest_measured_T(spec):
+    rules = core_rules(_core_cells(), (128, 128))
+    bf16 = [r for r in rules if r.state_dtype == "bf16"]
+    assert all(r.gated_norm and r.conv1d and r.intermediate == "any" for r in rules)
+    assert {(r.tokens.lo, r.tokens.hi) for r in rules} == {(1, 1), (2, 3), (4, 4)}
+    t1 = [r for r in bf16 if r.tokens.lo == 1]
+    assert [(r.use, r.split_conv) for r in t1] == [(FUSED_BF16, False), (SPLIT_BF16, True)]
+    assert t1[0].batch_heads.lo == 1 and t1[1].batch_heads.hi is None
+    assert all(r.source.startswith("t:kl/bf16/K128V128/core/T") for r in bf16)
+    fp32 = [r for r in rules if r.state_dtype == "fp32"]
+    assert {(r.use, r.split_conv) for r in fp32} == {(FUSED_FP32, False)}
+
+
+def test_a_table_with_core_cells_starts_with_their_rules(spec):
+    measured = Measured(name="specs/h200.tuning.h100.yaml", cells=tuple(_core_cells()))
+    rules = dispatch_rules(spec, measured)
+    plain = dispatch_rules(spec, None)
+    # the spec's rules that hold PDL off for core calls, then the measured core rules
+    held = [r for r in plain if r.conv1d and not r.pdl]
+    core = [r for r in rules if r.source.startswith("t:")]
+    assert held and rules[: len(held) + len(core)] == held + core
+    assert rules[len(held) + len(core) :] == plain
+
+    def shape(T, bh, conv1d=True, dtype="bf16", intermediate=False):
+        return CallShape(
+            layout="k_last", state_dtype=dtype, tokens=T, batch_heads=bh,
+            intermediate=intermediate, head_dims=(128, 128), gated_norm=True, conv1d=conv1d,
+        )  # fmt: skip
+
+    big = select(rules, shape(2, 64 * 256))
+    assert (big.use, big.split_conv) == (SPLIT_BF16, True)
+    # at T = 1 from B*HV 1024 the spec holds PDL off on its kernel: the tune cannot rank that
+    held_pdl = select(rules, shape(1, 64 * 256))
+    assert held_pdl == select(plain, shape(1, 64 * 256)) and not held_pdl.pdl
+    assert select(rules, shape(1, 32)).use == FUSED_BF16
+    assert select(rules, shape(2, 64 * 256, intermediate=True)) == big  # vLLM's per-token form
+    # past the largest measured T, without the prologue, another pair: the spec's
+    for other in (shape(5, 64), shape(1, 64, conv1d=False), shape(1, 64, dtype="fp16")):
+        assert select(rules, other) == select(plain, other)
+
+
+def test_dispatch_py_writes_each_tables_core_rules_before_ahead(spec):
+    from gdngen.tune.tuning_file import load_other_tunings  # noqa: F401 (the emit's path)
+
+    measured = Measured(name="specs/h200.tuning.h100.yaml", cells=tuple(_core_cells()))
+    files = dispatch_files(spec, "specs/h200.yaml", None, {"H100": measured})
+    text = render(files[0])
+    namespace: dict = {}
+    exec(text, namespace)
+    h100, default = namespace["TABLES"]["H100"], namespace["TABLE"]
+    lead = [r for r in h100 if r.conv1d and (r.source.startswith("t:") or not r.pdl)]
+    lead = lead[: len(lead) - len([r for r in namespace["AHEAD"] if r.conv1d and not r.pdl])]
+    assert h100[: len(lead)] == tuple(lead) and any(r.source.startswith("t:") for r in lead)
+    assert h100[len(lead) : len(lead) + len(namespace["AHEAD"])] == namespace["AHEAD"]
+    assert default[: len(namespace["AHEAD"])] == namespace["AHEAD"]
+    assert '"H100": (' in text and "starts with their rules" in text
+
+
+def test_core_cells_round_trip_and_go_stale_on_their_own(spec, tmp_path):
+    tuning = _core_file(spec, _core_cells(tokens=(1,)))
+    path = tmp_path / "h200.tuning.h100.yaml"
+    text = dump_tuning(tuning)
+    assert "k_last/bf16 core:" in text and "split:" in text
+    path.write_text(text)
+    loaded = load_tuning(path, spec, gpu="H100")
+    assert not loaded.stale and len(loaded.cells) == len(tuning.cells)
+    assert set(loaded.cells[0].times_us) == set(tuning.cells[0].times_us)
+    # a core candidate is added (one the plain tuning does not time): the core set is stale,
+    # the plain sets' hashes are not
+    data = h200_dict()
+    data["variants"].append(
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 32, "ilp": 8, "vec": 8,
+         "threads_per_group": 16, "gated_norm_only": True}
+    )  # fmt: skip
+    changed = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert set(stale_pairs(tuning, changed)) == {"k_last/bf16 core"}
+    plain = {k: v for k, v in variants_sha256(spec).items() if not k.endswith(" core")}
+    assert plain == {k: v for k, v in variants_sha256(changed).items() if k in plain}
+    assert variants_sha256(spec)["k_last/bf16 core"] != variants_sha256(changed)["k_last/bf16 core"]
