@@ -292,20 +292,23 @@ def _tune_core(args: argparse.Namespace, spec, spec_path: Path, heads) -> int:
             )
             return 2
     gpu_turn = gpu_turns(args.gpu_lock)
+    # One pair, T and HV at a time, each written as it completes: a run cut off keeps what it
+    # measured (its largest cells take the longest).
     for pair in pairs or list(grid.pair_tuples):
         for T in sorted(tokens or grid.tokens):
-            try:
-                measured = tune_core(
-                    spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=heads,
-                    replays=args.replays, gpu_turn=gpu_turn,
-                )  # fmt: skip
-                old = merge(old, measured, spec)
-            except TuneError as exc:
-                print(f"gdngen tune --core: {exc}", file=sys.stderr)
-                return 1
-            write(out, old)
-            print(f"wrote {out}: {'/'.join(pair)} core T={T} ({len(measured.cells)} cells)",
-                  flush=True)  # fmt: skip
+            for HV in [hv for hv in grid.heads if heads is None or hv in heads]:
+                try:
+                    measured = tune_core(
+                        spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=(HV,),
+                        replays=args.replays, gpu_turn=gpu_turn,
+                    )  # fmt: skip
+                    old = merge(old, measured, spec)
+                except TuneError as exc:
+                    print(f"gdngen tune --core: {exc}", file=sys.stderr)
+                    return 1
+                write(out, old)
+                print(f"wrote {out}: {'/'.join(pair)} core T={T} HV={HV} "
+                      f"({len(measured.cells)} cells)", flush=True)  # fmt: skip
     print(f"now run: gdngen emit {spec_path}")
     return 0
 
