@@ -22,6 +22,7 @@ from gdngen.dispatch import (
 from gdngen.dispatch.measured import CELL_TOLERANCE
 from gdngen.emit import emit, expected_files
 from gdngen.spec import load_spec, parse_spec
+from gdngen.terms import plan_name
 from gdngen.tune.run import (
     TuneError,
     earlier_first_token_cells,
@@ -831,11 +832,19 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     assert cited == f"specs/{file}"
     for cell in tuning.cells:
         dims = cell.head_dims(spec.tuning_head_dims)
+        core = cell.mode == "core"  # vLLM's forms: the per-token table at T > 1
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
-            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify",
-            head_dims=dims, gpu=gpu, heads=cell.HV,
+            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify" or
+            (core and cell.tokens > 1), head_dims=dims, gpu=gpu, heads=cell.HV,
+            gated_norm=core, conv1d=core, per_token_slots=core and cell.tokens > 1,
+            packed=core,
         )  # fmt: skip
+        if core and not rule.pdl:
+            # the spec's rule that holds PDL off goes first (docs/design.md, "Tuning the decode
+            # core"): a configuration the tune does not time
+            assert rule.source.startswith("spec["), rule
+            continue
         # a measured rule of this file, whose source names the cell's point (and HV)
         assert why[rule.source][0] == rule.use, rule
         assert _names_the_cell(rule.source, cell, dims), (rule.source, cell)
@@ -843,7 +852,8 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
-        assert mean[rule.use] <= min(mean.values()) + CELL_TOLERANCE, (cell, rule.use)
+        picked = plan_name(rule.use, rule.split_conv) if core else rule.use
+        assert mean[picked] <= min(mean.values()) + CELL_TOLERANCE, (cell, picked)
 
 
 def test_a_retune_of_one_cell_changes_only_the_rows_of_its_group():

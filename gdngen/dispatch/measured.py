@@ -278,6 +278,15 @@ def _group_rules(
         yield rule, [point.evidence() for point in merged]
 
 
+def _token_ranges(measured: list[int], last_hi: int) -> Iterator[tuple[int, Range]]:
+    """Each measured T with the T range its rules serve: from it (from 1 for the first) to the
+    next measured T's predecessor, and the last to ``last_hi``."""
+    for index, tokens in enumerate(measured):
+        last = index + 1 == len(measured)
+        lo = 1 if index == 0 else tokens
+        yield tokens, Range(lo=lo, hi=last_hi if last else measured[index + 1] - 1)
+
+
 def _explained_rules(
     cells: Sequence[MeasuredCell],
     pairs: Iterable[tuple[str, str]],
@@ -299,12 +308,7 @@ def _explained_rules(
                 intermediate = "yes"
             else:
                 intermediate = "no" if "verify" in modes else "any"
-            for index, tokens in enumerate(measured_tokens):
-                last = index + 1 == len(measured_tokens)
-                token_range = Range(
-                    lo=1 if index == 0 else tokens,
-                    hi=max_tokens if last else measured_tokens[index + 1] - 1,
-                )
+            for tokens, token_range in _token_ranges(measured_tokens, max_tokens):
                 common = dict(
                     layout=layout, state_dtype=state_dtype, tokens=token_range,
                     intermediate=intermediate, head_dims=head_dims, gated_norm=False,
@@ -323,12 +327,7 @@ def _explained_core_rules(
             groups[(cell.layout, cell.state_dtype, cell.tokens)].append(cell)
     for layout, state_dtype in sorted({(l, d) for l, d, _ in groups}):
         measured_tokens = sorted(t for (l, d, t) in groups if (l, d) == (layout, state_dtype))
-        for index, tokens in enumerate(measured_tokens):
-            last = index + 1 == len(measured_tokens)
-            token_range = Range(
-                lo=1 if index == 0 else tokens,
-                hi=tokens if last else measured_tokens[index + 1] - 1,
-            )
+        for tokens, token_range in _token_ranges(measured_tokens, measured_tokens[-1]):
             common = dict(
                 layout=layout, state_dtype=state_dtype, tokens=token_range, intermediate="any",
                 head_dims=head_dims, gated_norm=True, conv1d=True,

@@ -13,9 +13,7 @@ with ``mode: core``; emit turns them into the GPU model's rules for such calls.
 
 from __future__ import annotations
 
-import datetime
 import importlib
-import shlex
 import sys
 import time
 from contextlib import nullcontext
@@ -23,15 +21,19 @@ from typing import Callable, ContextManager, TextIO
 
 import torch
 
-from gdngen.measure.core_cell import check_core_call, core_bytes, core_inputs, core_kwargs
-from gdngen.measure.core_cell import core_problem
-from gdngen.measure.environment import environment
+from gdngen.measure.core_cell import (
+    check_core_call,
+    core_bytes,
+    core_inputs,
+    core_kwargs,
+    core_problem,
+)
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.spec.model import Spec
 from gdngen.terms import plan_name, plan_parts
 
-from .run import TuneError, settle
-from .tuning_file import Cell, TuningFile, gpu_model, pair_sha256, set_key, tuning_gpus
+from .run import TuneError, report, settle, this_gpu, tuning_file
+from .tuning_file import Cell, TuningFile, pair_sha256, set_key
 
 #: a plan whose check error exceeds this is a bug, not a tuning result: bf16 outputs and
 #: conv-step rows (the split plan rounds the convolved rows to bf16 once) are a few bf16
@@ -99,12 +101,7 @@ def tune_core(
     grid = spec.tuning.core if spec.tuning else None
     if grid is None:
         raise TuneError("the spec has no `tuning.core:` section (the decode core's grid)")
-    gpu = torch.cuda.get_device_name()
-    if gpu_model(spec, gpu) is None:
-        raise TuneError(
-            f"this GPU is {gpu!r}; the spec measures {', '.join(map(repr, tuning_gpus(spec)))} "
-            "(tuning.gpu and tuning.other_gpus): add its model to tuning.other_gpus to measure it"
-        )
+    gpu = this_gpu(spec)
     measured_pairs = list(pairs or grid.pair_tuples)
     unknown = [p for p in measured_pairs if p not in grid.pair_tuples]
     if unknown:
@@ -137,27 +134,11 @@ def tune_core(
                         batch=B, times_us={n: round(us, 2) for n, us in times.items()},
                     )  # fmt: skip
                     cells.append(cell)
-                    best = min(times, key=times.get)
-                    print(
-                        f"{time.time() - started:6.0f}s {where}: best {best} {times[best]:.2f} us "
-                        f"of {len(times)}",
-                        file=progress,
-                        flush=True,
-                    )
-    meta = environment()
-    return TuningFile(
-        target=spec.target,
-        sm=spec.sm,
-        gpu=gpu,
-        date=datetime.date.today().isoformat(),
-        command="gdngen " + shlex.join(argv),
-        variants_sha256={
-            set_key(layout, state_dtype, dims, spec, core=True): pair_sha256(
-                spec, layout, state_dtype, core=True
-            )
-            for layout, state_dtype in measured_pairs
-        },
-        copy_bw_tbps=round(copy_bw / 1e12, 3),
-        versions=dict(meta["versions"]),
-        cells=cells,
-    )
+                    report(progress, started, where, times)
+    hashes = {
+        set_key(layout, state_dtype, dims, spec, core=True): pair_sha256(
+            spec, layout, state_dtype, core=True
+        )
+        for layout, state_dtype in measured_pairs
+    }
+    return tuning_file(spec, argv, gpu, copy_bw, hashes, cells)

@@ -233,12 +233,7 @@ def tune(
         raise TuneError("the spec has no `tuning:` section (the grid to measure)")
     grid = spec.tuning
     target = importlib.import_module(f"generated.{spec.target}")
-    gpu = torch.cuda.get_device_name()
-    if gpu_model(spec, gpu) is None:
-        raise TuneError(
-            f"this GPU is {gpu!r}; the spec measures {', '.join(map(repr, tuning_gpus(spec)))} "
-            "(tuning.gpu and tuning.other_gpus): add its model to tuning.other_gpus to measure it"
-        )
+    gpu = this_gpu(spec)
     with gpu_turn():
         copy_bw = copy_bandwidth()
     cells: list[Cell] = []
@@ -327,13 +322,44 @@ def tune(
                         cells.append(cell)
                         if T == 1:
                             first_cells.append(cell)
-                        best = min(times, key=times.get)
-                        print(
-                            f"{time.time() - started:6.0f}s {where}: best {best} "
-                            f"{times[best]:.2f} us of {len(times)}",
-                            file=progress,
-                            flush=True,
-                        )
+                        report(progress, started, where, times)
+    hashes = {
+        set_key(layout, state_dtype, dims, spec): pair_sha256(spec, layout, state_dtype, dims)
+        for layout, state_dtype, dims, _, _ in sets
+    }
+    return tuning_file(spec, argv, gpu, copy_bw, hashes, cells)
+
+
+def this_gpu(spec: Spec) -> str:
+    """This GPU's name; a TuneError where it is none of the spec's GPU models."""
+    gpu = torch.cuda.get_device_name()
+    if gpu_model(spec, gpu) is None:
+        raise TuneError(
+            f"this GPU is {gpu!r}; the spec measures {', '.join(map(repr, tuning_gpus(spec)))} "
+            "(tuning.gpu and tuning.other_gpus): add its model to tuning.other_gpus to measure it"
+        )
+    return gpu
+
+
+def report(progress: TextIO, started: float, where: str, times: dict[str, float]) -> None:
+    """One measured cell's line: when, where, the fastest candidate and of how many."""
+    best = min(times, key=times.get)
+    print(
+        f"{time.time() - started:6.0f}s {where}: best {best} {times[best]:.2f} us of {len(times)}",
+        file=progress,
+        flush=True,
+    )
+
+
+def tuning_file(
+    spec: Spec,
+    argv: list[str],
+    gpu: str,
+    copy_bw: float,
+    hashes: dict[str, str],
+    cells: list[Cell],
+) -> TuningFile:
+    """A run's tuning file: its cells, and what they were measured with."""
     meta = environment()
     return TuningFile(
         target=spec.target,
@@ -341,12 +367,9 @@ def tune(
         gpu=gpu,
         date=datetime.date.today().isoformat(),
         command="gdngen " + shlex.join(argv),
-        variants_sha256={
-            set_key(layout, state_dtype, dims, spec): pair_sha256(spec, layout, state_dtype, dims)
-            for layout, state_dtype, dims, _, _ in sets
-        },
+        variants_sha256=hashes,
         copy_bw_tbps=round(copy_bw / 1e12, 3),
-        versions={k: v for k, v in meta["versions"].items()},
+        versions=dict(meta["versions"]),
         cells=cells,
     )
 
