@@ -38,8 +38,13 @@ def test_every_table_starts_with_the_static_rules_ahead_of_the_measured_ones():
     assert ahead and all(ahead_of_measured(rule) for rule in ahead)
     assert any(rule.names_form for rule in ahead) and any(rule.gated_norm for rule in ahead)
     for gpu, table in TABLES.items():
-        assert table[: len(ahead)] == ahead, gpu
-        assert not any(ahead_of_measured(rule) for rule in table[len(ahead) :]), gpu
+        # (a GPU model with measured decode-core cells puts their rules first, and the spec's
+        # that hold PDL off for those calls: docs/design.md, "Tuning the decode core")
+        lead = 0
+        while table[lead : lead + len(ahead)] != ahead:
+            assert table[lead].conv1d, (gpu, table[lead])
+            lead += 1
+        assert not any(ahead_of_measured(rule) for rule in table[lead + len(ahead) :]), gpu
 
 
 def test_dense_rows_and_small_batches_keep_the_measured_picks():

@@ -622,8 +622,6 @@ class Spec(_Strict):
                         f"geometry ({', '.join(str(list(d)) for d in self.head_dims)}) other "
                         f"than tuning.heads' {list(next(iter(measured_dims)))}"
                     )
-            if self.tuning.core is not None:
-                self._check_core_grid(self.tuning.core)
         gap = coverage_gap(
             self.dispatch, self.served, self.head_dims, self.features.max_tokens, self.fusions
         )
@@ -663,6 +661,8 @@ class Spec(_Strict):
                 f"conv1d_widths {list(self.features.conv1d_widths)}"
             )
         self._check_rules_fit_calls()
+        if self.tuning is not None and self.tuning.core is not None:
+            self._check_core_grid(self.tuning.core)
         return self
 
     def _check_core_grid(self, core: CoreGrid) -> None:
