@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from gdngen.bench.arguments import comma_ints, comma_words
+from gdngen.bench.arguments import comma_ints, comma_words, report_arguments
 from gdngen.bench.fi_forms_inputs import (
     FORMS,
     NULL_SLOT,
@@ -237,12 +237,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gdngen.bench.fi_forms", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--target", default="h200", help="the generated target (generated.<target>)")
-    p.add_argument("--out", type=Path, required=True, help="folder for fi_forms.json and .md")
-    p.add_argument(
-        "--tables", type=Path, nargs="+", default=None, metavar="FI_FORMS_JSON",
-        help="time nothing: join the fi_forms.json of several runs into one report in --out",
-    )  # fmt: skip
+    report_arguments(p, "fi_forms")
     p.add_argument(
         "--forms", type=comma_words, default=DEFAULT_FORMS, help=f"of {', '.join(FORMS)}"
     )

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from gdngen.bench.arguments import comma_ints
+from gdngen.bench.arguments import comma_ints, report_arguments
 from gdngen.bench.mtp_inputs import (
     STATE_DTYPES,
     MtpCell,
@@ -149,13 +149,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gdngen.bench.mtp", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--target", default="h200", help="the generated target (generated.<target>)")
-    p.add_argument("--out", type=Path, required=True, help="folder for mtp.json and mtp.md")
-    p.add_argument(
-        "--tables", type=Path, nargs="+", default=None, metavar="MTP_JSON",
-        help="time nothing: join the mtp.json of several runs (e.g. one per state dtype) into "
-        "one report in --out",
-    )  # fmt: skip
+    report_arguments(p, "mtp")
     p.add_argument("--batches", type=partial(comma_ints, "--batches"), default="1,4,16,64,256")
     p.add_argument(
         "--tokens", type=partial(comma_ints, "--tokens"), default="2,4",
