@@ -3,6 +3,7 @@ core cells in tuning files, the rules emit makes of them and where a table holds
 The timing itself runs on a GPU (tests/gpu/test_bench_tune_gpu.py)."""
 
 import pytest
+import torch
 
 from gdngen.dispatch import CallShape, Range, core_rules, select
 from gdngen.emit.plan import dispatch_files, dispatch_rules
@@ -185,3 +186,51 @@ def test_core_cells_round_trip_and_go_stale_on_their_own(spec, tmp_path):
     plain = {k: v for k, v in variants_sha256(spec).items() if not k.endswith(" core")}
     assert plain == {k: v for k, v in variants_sha256(changed).items() if k in plain}
     assert variants_sha256(spec)["k_last/bf16 core"] != variants_sha256(changed)["k_last/bf16 core"]
+
+
+def _cpu_core_set(tokens: int):
+    """A core cell's input set on the CPU (what gdngen.measure.core_cell.core_inputs makes on a
+    GPU), small: H = 2, K = V = 16, HV = 4, five sequences."""
+    from gdngen.measure.core_cell import core_problem
+
+    problem = core_problem(5, tokens, 4, "fp32", H=2, K=16, V=16)
+    args = problem.make("cpu")
+    gen = torch.Generator().manual_seed(tokens)
+    D = 2 * 2 * 16 + 4 * 16
+    slots = args["initial_state"].shape[0]
+    s = dict(
+        args=args,
+        z=torch.randn(1, 5 * tokens, 4, 16, generator=gen).bfloat16(),
+        norm_weight=torch.randn(16, generator=gen).bfloat16(),
+        output=torch.empty(1, 5 * tokens, 4, 16, dtype=torch.bfloat16),
+        conv_state=torch.randn(slots, 2 + tokens, D, generator=gen).bfloat16().transpose(1, 2),
+        conv_weight=torch.randn(D, 4, generator=gen).bfloat16(),
+        conv_bias=torch.randn(D, generator=gen).bfloat16(),
+    )
+    return problem, s
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_the_core_check_passes_the_reference_and_fails_a_wrong_call(tokens):
+    # gdngen.tune.core checks every plan with CoreCheck before timing it
+    from gdngen.measure.core_cell import EPS, CoreCheck
+    from gdngen.reference.core import reference_core_call
+    from gdngen.tune.core import CORE_CHECK_TOL
+
+    problem, s = _cpu_core_set(tokens)
+    pool, conv_pool = s["args"]["initial_state"], s["conv_state"]
+    before, conv_before = pool.clone(), conv_pool.clone()
+    check = CoreCheck(s, problem)
+
+    def reference(factor=1.0, **kwargs):
+        ref = reference_core_call(
+            dict(kwargs, initial_state=pool.clone(), conv_state=conv_pool.clone()),
+            kwargs["z"], kwargs["norm_weight"], H=problem.H, K=problem.K, eps=EPS,
+        )  # fmt: skip
+        kwargs["output"].copy_(ref.output * factor)
+        pool.copy_(ref.pool)
+        conv_pool.copy_(ref.conv_pool)
+
+    assert check.error(reference) < CORE_CHECK_TOL
+    assert check.error(lambda **kw: reference(1.1, **kw)) > 0.05
+    assert torch.equal(pool, before) and torch.equal(conv_pool, conv_before)

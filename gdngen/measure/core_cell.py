@@ -95,32 +95,45 @@ def _relative(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def check_core_call(call, s: dict, problem: PackedProblem) -> float:
-    """Run ``call`` once on the set's core call and return its largest relative error against
-    the float64 reference (:func:`gdngen.reference.core.reference_core_call`) over a few of its
-    sequences: the output, the recurrent states the call wrote and the conv states. Both pools
-    are restored after, so the set's timings start from the same states."""
-    args = s["args"]
-    pool, conv_pool = args["initial_state"], s["conv_state"]
-    before, conv_before = pool.clone(), conv_pool.clone()
-    B = problem.sequences
-    picked = sorted({*range(min(B, CHECK_SEQUENCES - 1)), B - 1})
-    ref = reference_core_call(
-        dict(args, conv_state=conv_before, conv_weight=s["conv_weight"],
-             conv_bias=s["conv_bias"], initial_state=before),
-        s["z"], s["norm_weight"], H=problem.H, K=problem.K, eps=EPS, sequences=picked,
-    )  # fmt: skip
-    call(**core_kwargs(s))
-    torch.cuda.synchronize()
-    cu = args["cu_seqlens"].long().tolist()
-    tokens = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in picked]).cuda()
-    errors = [_relative(s["output"][:, tokens], ref.output[:, tokens])]
-    table = args["initial_state_indices"].long()
-    written = table[picked].flatten()
-    written = written[written > args.get("null_slot", 0)]
-    errors.append(_relative(pool[written], ref.pool[written]))
-    conv_slots = table[picked, 0] if table.dim() == 2 else table[picked]
-    errors.append(_relative(conv_pool[conv_slots], ref.conv_pool[conv_slots]))
-    pool.copy_(before)
-    conv_pool.copy_(conv_before)
-    return max(errors)
+class CoreCheck:
+    """A set's core call checked against the float64 reference
+    (:func:`gdngen.reference.core.reference_core_call`) over a few of its sequences, the
+    reference computed once for every call checked on the set."""
+
+    def __init__(self, s: dict, problem: PackedProblem) -> None:
+        args = s["args"]
+        self.s = s
+        self.before = args["initial_state"].clone()
+        self.conv_before = s["conv_state"].clone()
+        B = problem.sequences
+        picked = sorted({*range(min(B, CHECK_SEQUENCES - 1)), B - 1})
+        self.expected = reference_core_call(
+            dict(args, conv_state=self.conv_before, conv_weight=s["conv_weight"],
+                 conv_bias=s["conv_bias"], initial_state=self.before),
+            s["z"], s["norm_weight"], H=problem.H, K=problem.K, eps=EPS, sequences=picked,
+        )  # fmt: skip
+        cu = args["cu_seqlens"].long().tolist()
+        device = s["output"].device
+        self.tokens = torch.cat([torch.arange(cu[n], cu[n + 1]) for n in picked]).to(device)
+        table = args["initial_state_indices"].long()
+        written = table[picked].flatten()
+        self.written = written[written > args.get("null_slot", 0)]
+        self.conv_slots = table[picked, 0] if table.dim() == 2 else table[picked]
+
+    def error(self, call) -> float:
+        """Run ``call`` once on the set's core call and return its largest relative error: the
+        output, the recurrent states the call wrote and the conv states. Both pools are restored
+        after, so the set's timings start from the same states."""
+        s, ref = self.s, self.expected
+        pool, conv_pool = s["args"]["initial_state"], s["conv_state"]
+        call(**core_kwargs(s))
+        if pool.is_cuda:
+            torch.cuda.synchronize()
+        errors = [
+            _relative(s["output"][:, self.tokens], ref.output[:, self.tokens]),
+            _relative(pool[self.written], ref.pool[self.written]),
+            _relative(conv_pool[self.conv_slots], ref.conv_pool[self.conv_slots]),
+        ]
+        pool.copy_(self.before)
+        conv_pool.copy_(self.conv_before)
+        return max(errors)

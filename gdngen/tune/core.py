@@ -22,7 +22,7 @@ from typing import Callable, ContextManager, TextIO
 import torch
 
 from gdngen.measure.core_cell import (
-    check_core_call,
+    CoreCheck,
     core_bytes,
     core_inputs,
     core_kwargs,
@@ -68,8 +68,9 @@ def time_core_plans(
         calls[plan].prepare(**core_kwargs(inputs[0]))
     with gpu_turn():
         runs = {}
+        check = CoreCheck(inputs[0], problem)
         for plan, call in calls.items():
-            error = check_core_call(call, inputs[0], problem)
+            error = check.error(call)
             if not error <= CORE_CHECK_TOL:
                 raise TuneError(
                     f"{plan} disagrees with the reference on {problem}: error {error:.3g}"
