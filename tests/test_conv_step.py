@@ -16,6 +16,7 @@ from gdngen.runtime.conv_step import (
     SplitLaunch,
     conv_step_key,
     conv_step_module,
+    moves_in_vectors,
     without_prologue,
 )
 from gdngen.runtime.kernel_args import RUN_TIME_ARGS
@@ -28,7 +29,7 @@ TARGETS = [("h200", "sm_90a"), ("b200", "sm_100a"), ("b300", "sm_103a"),
            ("rtx_blackwell", "sm_120a"), ("dgx_spark", "sm_121a")]  # fmt: skip
 
 
-def step_key(arch="sm_90a", **changes) -> CompileKey:
+def step_key(arch="sm_90a", channels_last=False, **changes) -> CompileKey:
     """A conv step key for H 16 / HV 32, K = V = 128, width 4 with a bias, silu, [B] slots."""
     fields = dict(
         variant=conv_step_name(arch), arch=arch, tokens=1, H=16, HV=32, K=128, V=128,
@@ -37,7 +38,7 @@ def step_key(arch="sm_90a", **changes) -> CompileKey:
         use_qk_l2norm=True, conv_width=4, conv_bias=True, conv_activation="silu",
     )  # fmt: skip
     fields.update(changes)
-    return conv_step_key(CompileKey(**fields), conv_step_name(arch))
+    return conv_step_key(CompileKey(**fields), conv_step_name(arch), channels_last)
 
 
 def step_module(target: str, arch: str):
@@ -70,16 +71,35 @@ FORMS = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("form", FORMS)
-def test_the_conv_step_compiles_in_every_call_form(form, tmp_path):
-    compile_kernel(step_module("h200", "sm_90a"), step_key(**FORMS[form]), dump_dir=tmp_path)
+def test_the_conv_step_compiles_in_every_call_form(form, channels_last, tmp_path):
+    key = step_key(channels_last=channels_last, **FORMS[form])
+    compile_kernel(step_module("h200", "sm_90a"), key, dump_dir=tmp_path)
     (ptx,) = tmp_path.glob("*.ptx")
     text = ptx.read_text()
     # Each channel is read and written by one thread: no reader count, no fence.
     assert not re.search(r"^\s*(atom|red|fence|membar)\.", text, re.M)
-    stores = len(re.findall(r"^\s*st\.global", text, re.M))
-    # at least the outputs of the three parts (q, k, v), a store each per token
-    assert stores >= 3 * FORMS[form].get("tokens", 1)
+    vector_stores = len(re.findall(r"^\s*st\.global\.v4", text, re.M))
+    scalar_loads = len(re.findall(r"^\s*ld\.global\.b16", text, re.M))
+    if channels_last:
+        # a thread's channels in 16-byte vectors: at least the outputs of the three parts
+        # (q, k, v), a store each per token; the window loaded in vectors
+        assert vector_stores >= 3 * key.tokens and not scalar_loads
+    else:  # a thread a channel: its window, inputs and outputs element-wise
+        assert not vector_stores and scalar_loads >= 3 * (key.conv_width - 1 + key.tokens)
+
+
+def test_the_step_moves_only_a_proven_channels_last_pool_in_vectors():
+    held = torch.zeros(5, 3, 64, dtype=torch.bfloat16)  # [slots, columns, D]
+    assert moves_in_vectors(held.transpose(1, 2))
+    assert not moves_in_vectors(held.permute(0, 2, 1).contiguous())  # channels-first
+    # a view one element into its buffer: the base is not 16-byte aligned
+    shifted = torch.zeros(5 * 3 * 64 + 1, dtype=torch.bfloat16)[1:].view(5, 3, 64)
+    assert not moves_in_vectors(shifted.transpose(1, 2))
+    # slots an odd number of elements apart
+    odd = torch.zeros(5, 3 * 64 + 1, dtype=torch.bfloat16)[:, :192].view(5, 3, 64)
+    assert odd.data_ptr() % 16 == 0 and not moves_in_vectors(odd.transpose(1, 2))
 
 
 def test_the_step_key_ignores_what_the_step_does_not_read():
@@ -213,7 +233,8 @@ def test_warmup_keys_of_a_conv1d_form_hold_both_plans_kernels():
     fused = form.key("kl_fp32_tv64_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
     split = form.key("kl_fp32_tv32_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
     assert fused in keys and fused.conv_width == 4
-    assert conv_step_key(split, "conv_step_sm90") in keys
+    # the conv step for either conv state, moved in vectors or not
+    assert {conv_step_key(split, "conv_step_sm90", c) for c in (True, False)} <= set(keys)
     assert without_prologue(split) in keys and split not in keys
     # without the prologue (the norm alone): no conv step
     norm_only = dataclasses.replace(form, conv_width=None)

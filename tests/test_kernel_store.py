@@ -39,7 +39,7 @@ OTHER_VALUES = dict(
     num_accepted=True, cache_rows=True, uniform_rows=True, exact_slot_table=True,
     norm_activation="sigmoid", norm_weight_dtype="fp32",
     conv_width=4, conv_bias=True, conv_activation="identity", pdl=True,
-    strided_state=True, accepted_steps_dtype="int32", recovery_steps=2,
+    strided_state=True, accepted_steps_dtype="int32", recovery_steps=2, conv_channels_last=True,
 )  # fmt: skip
 
 
@@ -313,6 +313,19 @@ def test_the_call_key_changes_with_what_the_kernel_does_not_check():
         assert _key(**change) != base, what
     with pytest.raises(AttributeError):
         _key(q=[1, 2])
+
+
+def test_the_call_key_holds_whether_the_conv_pool_is_16_byte_aligned():
+    # The split plan's conv step moves an aligned channels-last pool in vectors
+    # (gdngen.runtime.conv_step.moves_in_vectors): a misaligned one of the same shape and
+    # strides must plan again, not launch the vector step (which TVM-FFI would refuse).
+    held = torch.zeros(5 * 3 * 64 + 8, dtype=torch.bfloat16)
+
+    def pool(at: int):
+        return held[at : at + 5 * 3 * 64].view(5, 3, 64).transpose(1, 2)
+
+    assert _key(conv_state=pool(0)) == _key(conv_state=pool(8))  # 16 bytes on
+    assert _key(conv_state=pool(0)) != _key(conv_state=pool(1))
 
 
 def _packed_key(total: int, max_seqlen, sequences: int = 1):

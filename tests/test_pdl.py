@@ -105,7 +105,7 @@ def test_every_targets_fused_core_waits_once_and_writes_after(target, arch, tmp_
     assert not WRITES.search(before)
     # the conv step: its windows, taps and bias before the wait; its stores after
     step = importlib.import_module(conv_step_module(module_name, arch))
-    step_key = conv_step_key(key(variant, arch, **CORE), conv_step_name(arch))
+    step_key = conv_step_key(key(variant, arch, **CORE), conv_step_name(arch), True)
     # (one wait in each of the q, k and v branches: a thread takes one)
     before, after = split_at_wait(ptx_of(step, step_key, tmp_path / "step"), middles=3)
     assert not WRITES.search(before) and WRITES.search(after)

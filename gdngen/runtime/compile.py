@@ -80,6 +80,10 @@ class CompileKey:
     #: tokens every row replays without output
     accepted_steps_dtype: str | None = None
     recovery_steps: int = 0
+    #: the conv step's form of a channels-last conv state (gdngen.runtime.conv_step): its D
+    #: stride is 1 and its other strides and base are 16-byte aligned, so the step moves it in
+    #: 16-byte vectors; only conv step keys set it
+    conv_channels_last: bool = False
 
     @classmethod
     def for_call(cls, variant: str, arch: str, call: Call, pdl: bool = False) -> "CompileKey":
@@ -244,11 +248,17 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         channels = 2 * H * K + HV * V
         # Either layout engines use ([slots, D, columns] or its transpose's view): any strides;
         # W - 1 columns or more (vLLM's slots keep W - 2 + (1 + S) for speculative decoding).
+        if key.conv_channels_last:  # [slots, columns, D] viewed: D contiguous, 16-byte aligned
+            conv_strides = (outer_stride(io_vector), 1, outer_stride(io_vector))
+            conv_align = VECTOR_ALIGN
+        else:
+            conv_strides = (outer_stride(1), outer_stride(1), outer_stride(1))
+            conv_align = ELEMENT_BYTES[key.io_dtype]
         conv_state = make_fake_tensor(
             io,
             (pool_size, channels, cute.sym_int64(symbol="conv_columns")),
-            (outer_stride(1), outer_stride(1), outer_stride(1)),
-            assumed_align=ELEMENT_BYTES[key.io_dtype],
+            conv_strides,
+            assumed_align=conv_align,
         )
         conv_weight = compact(key.io_dtype, (channels, key.conv_width), VECTOR_ALIGN)
         if key.conv_bias:

@@ -21,6 +21,7 @@ import torch
 
 from gdngen.terms import conv_step_name
 
+from .arg_checks import VECTOR_ALIGN
 from .compile import CompileKey, fake_arguments
 from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS, RUN_TIME_ARGS
 
@@ -33,6 +34,7 @@ SIZES = ("pool_size", "cache_count")
 CONV = ("conv_state", "conv_weight", "conv_bias", "conv_windows")
 OPTIONS = (
     "T", "null_slot", "per_token_slots", "uniform_rows", "write_state", "conv_activation", "pdl",
+    "channels_last",
 )  # fmt: skip
 
 #: where the decode kernel's run-time arguments sit in a launch tuple: the ones the split
@@ -54,13 +56,31 @@ def conv_step_module(kernels_package: str, arch: str) -> str:
     return f"{kernels_package}.{conv_step_name(arch)}"
 
 
-def conv_step_key(key: CompileKey, variant: str) -> CompileKey:
-    """The conv step's key from the call's (with the prologue): what the step does not read is
-    set to one value, so that calls differing only there share one binary."""
+def conv_step_key(key: CompileKey, variant: str, channels_last: bool) -> CompileKey:
+    """The conv step's key from the call's (with the prologue), for a conv state that
+    :func:`moves_in_vectors` or not: what the step does not read is set to one value, so that
+    calls differing only there share one binary."""
     return replace(
         key, variant=variant, gate_dtype="fp32", dt_bias_dtype="fp32", state_dtype="fp32",
         use_qk_l2norm=False, exact_slot_table=False, norm_activation=None, norm_weight_dtype=None,
+        conv_channels_last=channels_last,
     )  # fmt: skip
+
+
+def moves_in_vectors(conv_state: torch.Tensor) -> bool:
+    """Whether the conv step may move this conv state in 16-byte vectors
+    (CompileKey.conv_channels_last): channels-last (D contiguous), its slot and column strides
+    whole vectors and its base 16-byte aligned. Its channel count is a whole number of vectors
+    by the checks (2HK + HV*V, with K and V multiples of the io vector), and the call's
+    signature holds the base's alignment, so a later call of the signature proves it too."""
+    vector = VECTOR_ALIGN // conv_state.element_size()
+    slot_stride, channel_stride, column_stride = conv_state.stride()
+    return (
+        channel_stride == 1
+        and slot_stride % vector == 0
+        and column_stride % vector == 0
+        and conv_state.data_ptr() % VECTOR_ALIGN == 0
+    )
 
 
 def without_prologue(key: CompileKey) -> CompileKey:
@@ -82,7 +102,7 @@ def fake_conv_step_arguments(key: CompileKey) -> list:
     options = dict(
         T=key.tokens, null_slot=key.null_slot, per_token_slots=key.per_token_slots,
         uniform_rows=key.uniform_rows, write_state=key.write_final_state or key.per_token_slots,
-        conv_activation=key.conv_activation, pdl=key.pdl,
+        conv_activation=key.conv_activation, pdl=key.pdl, channels_last=key.conv_channels_last,
     )  # fmt: skip
     return [
         *(inputs[name] for name in INPUTS),

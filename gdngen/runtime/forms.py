@@ -101,12 +101,18 @@ class Form:
 
     def keys(self, rule: Rule, arch: str, tokens: int, geometry, state_dtype: str):
         """The keys a call of this form compiles to under ``rule``: the rule's variant's, and on
-        the split plan the conv step's and the variant's without the prologue."""
+        the split plan the conv step's (for either conv state: moved in vectors or not) and the
+        variant's without the prologue."""
         pdl = rule.pdl if self.pdl is None else self.pdl
         key = self.key(rule.use, arch, tokens, geometry, state_dtype, pdl)
         if not (rule.split_conv and self.conv_width is not None):
             return [key]
-        return [conv_step_key(key, conv_step_name(arch)), without_prologue(key)]
+        step = conv_step_name(arch)
+        return [
+            conv_step_key(key, step, channels_last=True),
+            conv_step_key(key, step, channels_last=False),
+            without_prologue(key),
+        ]
 
     @property
     def separate_writes(self) -> bool:

@@ -13,7 +13,9 @@ static dims, the batch size shared between arguments, static strides, the divisi
 dynamic ones, base alignment and the device type. The signature adds the rest: the dims that
 pick the variant (q and v), the dtypes that pick a compile key, which optional arguments are
 given, the pool's strides (overlapping slots, a strided pool) and its size (a dense state), the
-cache's steps (>= T), every tensor's device index and the options. When the kernel refuses an argument,
+cache's steps (>= T), whether the conv state's base is 16-byte aligned (which conv step the
+split plan compiles), every tensor's device index and the options. When the kernel refuses an
+argument,
 the full checks run and raise their error, which names the argument; nothing has been launched.
 Nothing here synchronises with the GPU, and the only per-call allocation is the output tensor
 when the caller passes none.
@@ -38,10 +40,18 @@ import torch
 
 from gdngen.terms import conv_step_name, variant_pair
 
+from .arg_checks import VECTOR_ALIGN
 from .checks import Call, check_call, check_index_values
 from .compile import CompileKey
 from .conv_checks import conv_weight_view as kernel_conv_weight
-from .conv_step import ConvRows, SplitLaunch, conv_step_key, conv_step_module, without_prologue
+from .conv_step import (
+    ConvRows,
+    SplitLaunch,
+    conv_step_key,
+    conv_step_module,
+    moves_in_vectors,
+    without_prologue,
+)
 from .info import TargetInfo
 from .kernel_args import CHECKED, KEYWORDS, RUN_TIME_ARGS
 from .pdl import STREAM_WRITES, span_bytes
@@ -143,7 +153,9 @@ def call_key(
         None if z is None else (z.dtype, z.shape, z.stride(), z.get_device()),
         None if norm_weight is None else (norm_weight.dtype, norm_weight.get_device()),
         None if conv_state is None else (
-            conv_state.dtype, conv_state.shape, conv_state.stride(), conv_state.get_device()
+            conv_state.dtype, conv_state.shape, conv_state.stride(), conv_state.get_device(),
+            # the split plan's conv step moves a 16-byte aligned pool in vectors
+            conv_state.data_ptr() % VECTOR_ALIGN == 0,
         ),
         None if conv_weight is None else (
             conv_weight.dtype, conv_weight.shape, conv_weight.stride(), conv_weight.get_device()
@@ -358,7 +370,10 @@ class DecodeCall:
         rows = ConvRows(call.H, call.K, call.HV, call.V, q.dtype, q.device)
         rows.views(q.shape[0], q.shape[1])
         return SplitLaunch(
-            kernel_for(step, conv_step_key(key, step.rpartition(".")[2])),
+            kernel_for(
+                step,
+                conv_step_key(key, step.rpartition(".")[2], moves_in_vectors(call.conv.state)),
+            ),
             kernel_for(f"{self._kernels_package()}.{key.variant}", without_prologue(key)),
             rows,
             key.pdl,
