@@ -43,6 +43,12 @@ def conv_step_name(sm: str) -> str:
     return f"conv_step_{sm_suffix(sm)}"
 
 
+def norm_step_name(sm: str) -> str:
+    """The norm step's module in a target's kernels package (gdngen.runtime.norm_step):
+    ``norm_step_sm90`` for sm_90a."""
+    return f"norm_step_{sm_suffix(sm)}"
+
+
 #: how a tuning file names the split plan of a variant (the conv step, then the variant):
 #: ``split:<variant>``; the variant's own name is its fused plan (docs/design.md, "Tuning the
 #: decode core")

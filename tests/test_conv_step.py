@@ -13,13 +13,13 @@ from gdngen.dispatch import CallShape, Range, Rule, select
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.runtime.conv_step import (
     ConvRows,
-    SplitLaunch,
     conv_step_key,
     conv_step_module,
     moves_in_vectors,
     without_prologue,
 )
 from gdngen.runtime.kernel_args import RUN_TIME_ARGS
+from gdngen.runtime.split_launch import SplitLaunch
 from gdngen.spec import load_spec
 from gdngen.terms import conv_step_name
 from tests.spec_helpers import SPEC_PATH
@@ -172,8 +172,9 @@ def test_the_split_launch_hands_each_kernel_its_arguments(pdl):
     seen = {}
     rows = ConvRows(H=2, K=4, HV=3, V=8, dtype=torch.float32, device="cpu")
     launch = SplitLaunch(
-        lambda *a: seen.setdefault("step", a), lambda *a: seen.setdefault("kernel", a), rows, pdl
-    )
+        lambda *a: seen.setdefault("kernel", a), pdl,
+        conv_step=lambda *a: seen.setdefault("step", a), rows=rows,
+    )  # fmt: skip
     launch(*(arguments[name] for name in names))
     q_out, k_out, v_out = rows.views(2, 1)
     step = seen["step"]

@@ -39,7 +39,8 @@ TEMPLATE_OF = {
     "dispatch.py": "dispatch.py.j2",
     "kernels/__init__.py": "kernels_init.py.j2",
     "bodies/__init__.py": "bodies_init.py.j2",
-    "kernels/conv_step_sm90.py": "conv_step.py.j2",
+    "kernels/conv_step_sm90.py": "step.py.j2",
+    "kernels/norm_step_sm90.py": "step.py.j2",
 }
 
 
@@ -173,9 +174,10 @@ def test_emits_one_module_per_variant_and_one_body_per_shape(h200_spec, h200_emi
     assert len(bodies) < len(kernels) / 5
     expected = kernels | bodies | {"__init__.py", "dispatch.py", "kernels/__init__.py"}
     expected |= {"bodies/__init__.py", "MANIFEST.txt"}
-    # the conv step, as the spec has the conv1d prologue (gdngen.runtime.conv_step)
-    assert h200_spec.features.conv1d_widths
-    expected |= {"kernels/conv_step_sm90.py"}
+    # the conv step and the norm step, as the spec has the conv1d prologue and the gated
+    # RMSNorm (gdngen.runtime.conv_step, gdngen.runtime.norm_step)
+    assert h200_spec.features.conv1d_widths and h200_spec.features.gated_rmsnorm
+    expected |= {"kernels/conv_step_sm90.py", "kernels/norm_step_sm90.py"}
     assert set(h200_files) == expected
     assert sorted(result.written) == sorted(expected)
     assert result.unchanged == [] and result.removed == []

@@ -184,12 +184,22 @@ class Rule:
     #: whether the rule is for calls on a strided pool (true), a dense one (false), or both
     #: (None): a view's heads and rows lie apart, which may want another tile
     strided_state: bool | None = None
+    #: the plan of the gated-norm calls it serves (docs/design.md, "The norm step apart"):
+    #: ``use`` without the epilogue, then the norm as a kernel of its own (true), or the norm
+    #: fused into ``use`` (false). True only in a rule for such calls alone
+    #: (``gated_norm: true``); ``use`` then need not have the epilogue
+    split_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.split_conv and self.conv1d is not True:
             raise ValueError(
                 "split_conv: a rule that splits the conv1d step off is for calls with the "
                 f"prologue only (conv1d: true); got conv1d={self.conv1d}"
+            )
+        if self.split_norm and self.gated_norm is not True:
+            raise ValueError(
+                "split_norm: a rule that splits the gated RMSNorm off is for calls with the "
+                f"epilogue only (gated_norm: true); got gated_norm={self.gated_norm}"
             )
 
     @property
@@ -248,7 +258,7 @@ def row(*values: object, **options: object) -> Rule:
 
 
 #: the Rule fields a row takes by keyword, where they are not their defaults
-ROW_OPTIONS = ("pdl", "separate_writes", "strided_state")
+ROW_OPTIONS = ("pdl", "separate_writes", "strided_state", "split_norm")
 #: a Rule's fields a row takes in order (its columns), and those that hold a Range
 _RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name not in ROW_OPTIONS)
 _RANGE_FIELDS = ("tokens", "batch_heads", "heads")

@@ -32,7 +32,7 @@ from gdngen.dispatch import (
 from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
-from gdngen.terms import conv_step_name
+from gdngen.terms import conv_step_name, norm_step_name
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
 from .dispatch_table import RowFormat
@@ -165,6 +165,41 @@ def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int
 
 
 @dataclass(frozen=True)
+class StepModule:
+    """A step kernel of a target's split plans (step.py.j2): the device module
+    ``gdngen/device/<kind>.py`` and its runtime ``gdngen/runtime/<kind>.py``."""
+
+    kind: str
+    #: what the module's docstring calls it, says it does, and says it serves
+    title: str
+    what: str
+    serves: str
+    #: the dispatch rule field that picks the plan with this step
+    rule_field: str
+
+    def module_name(self, sm: str) -> str:
+        return conv_step_name(sm) if self.kind == "conv_step" else norm_step_name(sm)
+
+
+CONV_STEP = StepModule(
+    "conv_step",
+    "conv1d step",
+    "the causal conv1d update as a\nkernel of its own, which a fused-core call's split plan "
+    "launches before its decode kernel",
+    "conv width, activation",
+    "split_conv",
+)
+NORM_STEP = StepModule(
+    "norm_step",
+    "norm step",
+    "the gated RMSNorm as a kernel of\nits own, which a call's norm-split plan launches after "
+    "its decode kernel",
+    "gate activation, norm weight dtype",
+    "split_norm",
+)
+
+
+@dataclass(frozen=True)
 class PlannedFile:
     """One file to emit: its path inside generated/<target>/, template and context. ``render``
     prepends the header (spec, template, regenerate command, content hash)."""
@@ -227,16 +262,20 @@ def plan_target(
                 context={"target": target_info},
             )
         )
-    if spec.features.conv1d_widths:
-        step = conv_step_name(spec.sm)
-        files.append(
-            PlannedFile(
-                f"kernels/{step}.py",
-                "conv_step.py.j2",
-                spec_path,
-                {"target": target_info, "name": step},
+    for step, wanted in (
+        (CONV_STEP, bool(spec.features.conv1d_widths)),
+        (NORM_STEP, spec.features.gated_rmsnorm),
+    ):
+        if wanted:
+            name = step.module_name(spec.sm)
+            files.append(
+                PlannedFile(
+                    f"kernels/{name}.py",
+                    "step.py.j2",
+                    spec_path,
+                    {"target": target_info, "name": name, "step": step},
+                )
             )
-        )
     files.append(
         PlannedFile(
             relpath="kernels/__init__.py",

@@ -23,7 +23,7 @@ from gdngen.terms import conv_step_name
 
 from .arg_checks import VECTOR_ALIGN
 from .compile import CompileKey, fake_arguments
-from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS, RUN_TIME_ARGS
+from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS
 
 #: the conv step's parameters, in ``launch``'s order (gdngen.device.conv_step), and where each
 #: comes from: a decode kernel's run-time argument of that name, the workspace, or a size
@@ -36,20 +36,6 @@ OPTIONS = (
     "T", "null_slot", "per_token_slots", "uniform_rows", "write_state", "conv_activation", "pdl",
     "channels_last",
 )  # fmt: skip
-
-#: where the decode kernel's run-time arguments sit in a launch tuple: the ones the split
-#: launch reads, looked up once here rather than per call
-_AT = {arg.name: index for index, arg in enumerate(RUN_TIME_ARGS)}
-_Q, _K, _V, _STATE, _CACHE, _LAUNCH_PDL = (
-    _AT[name] for name in ("q", "k", "v", "state", "cache", "launch_pdl")
-)
-_INDICES_AT = tuple(_AT[name] for name in INDICES)
-_CONV_AT = tuple(_AT[name] for name in CONV)
-#: what the decode kernel takes only with the prologue: None in the split plan
-_PROLOGUE_ONLY_AT = tuple(
-    _AT[name]
-    for name in ("conv_state", "conv_weight", "conv_bias", "conv_arrivals", "conv_windows")
-)
 
 
 def conv_step_module(kernels_package: str, arch: str) -> str:
@@ -156,31 +142,3 @@ class ConvRows:
             rows[..., HK : 2 * HK].unflatten(-1, (self.H, self.K)),
             rows[..., 2 * HK :].unflatten(-1, (self.HV, self.V)),
         )
-
-
-class SplitLaunch:
-    """The split plan's kernel: called with the decode kernel's run-time arguments (as the fused
-    plan's kernel is), it runs the conv step, then the decode kernel on the workspace. The step
-    takes the call's ``launch_pdl``; with PDL (``pdl``) the decode kernel overlaps the step's
-    tail whatever it is, as the step writes nothing the kernel reads before its wait."""
-
-    def __init__(self, conv_step, kernel, rows: ConvRows, pdl: bool) -> None:
-        self.conv_step, self.kernel, self.rows = conv_step, kernel, rows
-        self.kernel_pdl = int(pdl)
-
-    def __call__(self, *arguments) -> None:
-        q, k, v = arguments[_Q], arguments[_K], arguments[_V]
-        q_out, k_out, v_out = self.rows.views(q.shape[0], q.shape[1])
-        cache = arguments[_CACHE]
-        self.conv_step(
-            q, k, v, q_out, k_out, v_out,
-            *(arguments[at] for at in _INDICES_AT),
-            arguments[_STATE].shape[0], 0 if cache is None else cache.shape[0],
-            *(arguments[at] for at in _CONV_AT), arguments[_LAUNCH_PDL],
-        )  # fmt: skip
-        rest = list(arguments)
-        rest[_Q], rest[_K], rest[_V] = q_out, k_out, v_out
-        rest[_LAUNCH_PDL] = self.kernel_pdl
-        for at in _PROLOGUE_ONLY_AT:
-            rest[at] = None
-        self.kernel(*rest)

@@ -9,10 +9,11 @@ from typing import Iterable, Sequence
 
 from gdngen.dispatch import CallShape, Rule, batch_heads_points, select
 
-from gdngen.terms import conv_step_name
+from gdngen.terms import conv_step_name, norm_step_name
 
 from .compile import CompileKey
 from .conv_step import conv_step_key, without_prologue
+from .norm_step import norm_step_key, without_norm
 
 
 def reachable_rules(
@@ -101,18 +102,19 @@ class Form:
 
     def keys(self, rule: Rule, arch: str, tokens: int, geometry, state_dtype: str):
         """The keys a call of this form compiles to under ``rule``: the rule's variant's, and on
-        the split plan the conv step's (for either conv state: moved in vectors or not) and the
-        variant's without the prologue."""
+        a split plan its steps' (the conv step for either conv state, moved in vectors or not;
+        the norm step) and the variant's without what they do."""
         pdl = rule.pdl if self.pdl is None else self.pdl
         key = self.key(rule.use, arch, tokens, geometry, state_dtype, pdl)
-        if not (rule.split_conv and self.conv_width is not None):
-            return [key]
-        step = conv_step_name(arch)
-        return [
-            conv_step_key(key, step, channels_last=True),
-            conv_step_key(key, step, channels_last=False),
-            without_prologue(key),
-        ]
+        keys, kernel_key = [], key
+        if rule.split_conv and self.conv_width is not None:
+            step = conv_step_name(arch)
+            keys += [conv_step_key(key, step, channels_last) for channels_last in (True, False)]
+            kernel_key = without_prologue(kernel_key)
+        if rule.split_norm and self.norm_activation is not None:
+            keys.append(norm_step_key(key, norm_step_name(arch)))
+            kernel_key = without_norm(kernel_key)
+        return keys + [kernel_key]
 
     @property
     def separate_writes(self) -> bool:

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from gdngen.terms import conv_step_name, variant_pair
+from gdngen.terms import conv_step_name, norm_step_name, variant_pair
 
 from .arg_checks import VECTOR_ALIGN
 from .checks import Call, check_call, check_index_values
@@ -46,12 +46,13 @@ from .compile import CompileKey
 from .conv_checks import conv_weight_view as kernel_conv_weight
 from .conv_step import (
     ConvRows,
-    SplitLaunch,
     conv_step_key,
     conv_step_module,
     moves_in_vectors,
     without_prologue,
 )
+from .norm_step import norm_step_key, norm_step_module, without_norm
+from .split_launch import SplitLaunch
 from .info import TargetInfo
 from .kernel_args import CHECKED, KEYWORDS, RUN_TIME_ARGS
 from .pdl import STREAM_WRITES, span_bytes
@@ -246,11 +247,13 @@ def _generated_call():
 
 @dataclass(frozen=True)
 class Choice:
-    """What the dispatch picked for a call: the variant, and for a call with the conv1d
-    prologue whether the conv runs as a kernel of its own first (gdngen.runtime.conv_step)."""
+    """What the dispatch picked for a call: the variant, for a call with the conv1d prologue
+    whether the conv runs as a kernel of its own first (gdngen.runtime.conv_step), and for a
+    call with the gated RMSNorm whether the norm runs as one after (gdngen.runtime.norm_step)."""
 
     variant: str
     split_conv: bool = False
+    split_norm: bool = False
     #: programmatic dependent launch where the caller leaves enable_pdl unset (the rule's)
     pdl: bool = True
 
@@ -260,8 +263,8 @@ class Plan:
     """What a call of one signature launches."""
 
     variant: str
-    #: the compiled kernel, called with the launch's arguments; in the split plan, the conv
-    #: step and then the kernel (gdngen.runtime.conv_step.SplitLaunch)
+    #: the compiled kernel, called with the launch's arguments; in a split plan, its steps and
+    #: the kernel (gdngen.runtime.split_launch.SplitLaunch)
     kernel: object
     scale: float
     #: the gated RMSNorm's eps (the kernel's run-time argument; unused without the epilogue)
@@ -273,8 +276,10 @@ class Plan:
     #: the conv1d prologue's reader counts (gdngen.runtime.workspace); None without it (and in
     #: the split plan, whose conv step counts no readers)
     conv_arrivals: torch.Tensor | None = None
-    #: whether the conv1d step runs as a kernel of its own (the split plan)
+    #: whether the conv1d step runs as a kernel of its own before the decode kernel, and the
+    #: gated RMSNorm after it (the split plans)
     split_conv: bool = False
+    split_norm: bool = False
     #: programmatic dependent launch (the kernel compiled for it), and the bytes of the pools
     #: whose overlap with the last launch's turns it off for one launch (gdngen.runtime.pdl)
     pdl: bool = False
@@ -341,9 +346,10 @@ class DecodeCall:
         pdl = choice.pdl if call.pdl is None else call.pdl
         key = CompileKey.for_call(variant, arch, call, pdl)
         split = choice.split_conv and call.conv is not None
+        split_norm = choice.split_norm and call.norm is not None
         q = arguments["q"]
-        if split:
-            kernel = self._split_launch(key, call, q)
+        if split or split_norm:
+            kernel = self._split_launch(key, call, q, split, split_norm)
         else:
             kernel = kernel_for(f"{self._kernels_package()}.{variant}", key)
         return Plan(
@@ -358,26 +364,36 @@ class DecodeCall:
                 None if call.conv is None or split else conv_arrivals(call.conv.state, call.H)
             ),
             split_conv=split,
+            split_norm=split_norm,
             pdl=pdl,
             pool_bytes=span_bytes(call.pool),
             conv_bytes=0 if call.conv is None else span_bytes(call.conv.state),
         )
 
-    def _split_launch(self, key: CompileKey, call: Call, q: torch.Tensor) -> SplitLaunch:
-        """The split plan's kernels for a call with the conv1d prologue, and its workspace, with
-        views for this call's token rows made now (outside any capture)."""
-        step = conv_step_module(self._kernels_package(), key.arch)
-        rows = ConvRows(call.H, call.K, call.HV, call.V, q.dtype, q.device)
-        rows.views(q.shape[0], q.shape[1])
-        return SplitLaunch(
-            kernel_for(
-                step,
-                conv_step_key(key, step.rpartition(".")[2], moves_in_vectors(call.conv.state)),
-            ),
-            kernel_for(f"{self._kernels_package()}.{key.variant}", without_prologue(key)),
-            rows,
-            key.pdl,
-        )
+    def _split_launch(
+        self, key: CompileKey, call: Call, q: torch.Tensor, conv: bool, norm: bool
+    ) -> SplitLaunch:
+        """A split plan's kernels: the conv step and its workspace (with views for this call's
+        token rows made now, outside any capture) where ``conv``, the decode kernel without what
+        the steps do, and the norm step where ``norm``."""
+        package = self._kernels_package()
+        steps: dict = {}
+        kernel_key = key
+        if conv:
+            step = conv_step_module(package, key.arch)
+            channels_last = moves_in_vectors(call.conv.state)
+            steps["conv_step"] = kernel_for(
+                step, conv_step_key(key, step.rpartition(".")[2], channels_last)
+            )
+            steps["rows"] = ConvRows(call.H, call.K, call.HV, call.V, q.dtype, q.device)
+            steps["rows"].views(q.shape[0], q.shape[1])
+            kernel_key = without_prologue(kernel_key)
+        if norm:
+            step = norm_step_module(package, key.arch)
+            steps["norm_step"] = kernel_for(step, norm_step_key(key, step.rpartition(".")[2]))
+            kernel_key = without_norm(kernel_key)
+        kernel = kernel_for(f"{package}.{key.variant}", kernel_key)
+        return SplitLaunch(kernel, key.pdl, **steps)
 
     __call__ = _generated_call()
 
@@ -422,7 +438,8 @@ class DecodeCall:
     ) -> str:
         """Check the inputs and get the kernel that a call with them would launch, without
         launching it (do this before capturing a CUDA graph). Returns the variant's name; where
-        the split plan runs the conv1d step first, ``"conv_step_sm90 + <variant>"``."""
+        a split plan runs a step, the kernels in order: ``"conv_step_sm90 + <variant>"``,
+        ``"<variant> + norm_step_sm90"``."""
         arguments = dict(
             self.CHECKED, q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b
         )
@@ -438,9 +455,12 @@ class DecodeCall:
             arguments.update(zip(("q", "k", "v", "a", "b", "output", "z"), lifted))
         with launch_device(arguments["q"]):
             plan = self._plan(arguments)
-        if plan.split_conv:
-            return f"{conv_step_name(device_arch(plan.device))} + {plan.variant}"
-        return plan.variant
+        arch = device_arch(plan.device)
+        return " + ".join(
+            [conv_step_name(arch)] * plan.split_conv
+            + [plan.variant]
+            + [norm_step_name(arch)] * plan.split_norm
+        )
 
     def signatures(self) -> int:
         """How many call signatures this call has planned (tests use it)."""

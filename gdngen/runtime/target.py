@@ -170,7 +170,7 @@ class Target:
 
     def _choose(self, call: Call) -> Choice:
         rule = self._rule(self._device_table(call.pool.device), self._shape(call, bool(call.conv)))
-        return Choice(rule.use, rule.split_conv, rule.pdl)
+        return Choice(rule.use, rule.split_conv, rule.split_norm, rule.pdl)
 
     def split_conv_call(self) -> DecodeCall:
         """``gdn_decode`` with every conv1d call on the split plan: the conv step, then the
@@ -180,6 +180,19 @@ class Target:
         def choose(call: Call) -> Choice:
             rule = self._rule(self._device_table(call.pool.device), self._shape(call, False))
             return Choice(rule.use, split_conv=True, pdl=rule.pdl)
+
+        return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
+
+    def split_steps_call(self) -> DecodeCall:
+        """``gdn_decode`` with every fused step as a kernel of its own: a conv1d call runs the
+        conv step, a call with the gated RMSNorm runs the variant the dispatch picks for the
+        bare recurrence and then the norm step (for tests and benchmarks that compare the plans;
+        gdngen.runtime.split_launch)."""
+
+        def choose(call: Call) -> Choice:
+            shape = replace(self._shape(call, False), gated_norm=False)
+            rule = self._rule(self._device_table(call.pool.device), shape)
+            return Choice(rule.use, split_conv=True, split_norm=True, pdl=rule.pdl)
 
         return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
 
@@ -193,16 +206,17 @@ class Target:
 
         return DecodeCall("gdn_decode", lambda: self.info, choose, lambda: self.kernels_package)
 
-    def variant(self, name: str, split_conv: bool = False) -> DecodeCall:
+    def variant(self, name: str, split_conv: bool = False, split_norm: bool = False) -> DecodeCall:
         """One variant's call, with no dispatch (for tests, benchmarks and pinning); with
         ``split_conv``, a conv1d call runs the conv step first, then the variant without the
-        prologue (gdngen.runtime.conv_step)."""
+        prologue (gdngen.runtime.conv_step); with ``split_norm``, a call with the gated RMSNorm
+        runs the variant without the epilogue, then the norm step (gdngen.runtime.norm_step)."""
         if name not in self.variants:
             raise ValueError(
                 f"variant: {name!r} is not a variant of target {self.info.name}; "
                 f"it has {', '.join(self.variants)}"
             )
-        choice = Choice(name, split_conv)
+        choice = Choice(name, split_conv, split_norm)
         return DecodeCall(
             name, lambda: self.info, lambda call: choice, lambda: self.kernels_package
         )

@@ -745,7 +745,7 @@ class Spec(_Strict):
             rule = select(ordered, shape)
             variant = by_name[rule.use]
             K, V = shape.head_dims
-            if shape.gated_norm and not variant.serves_gated_norm(V):
+            if shape.gated_norm and not rule.split_norm and not variant.serves_gated_norm(V):
                 index = self.dispatch.index(rule)
                 raise ValueError(
                     f"dispatch[{index}].use: {rule.use} is the first rule for calls with the "

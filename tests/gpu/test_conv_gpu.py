@@ -34,6 +34,8 @@ pytestmark = pytest.mark.gpu
 PLAN = "fused"
 SPLIT_CALL = h200.split_conv_call()
 FUSED_CALL = h200.fused_conv_call()
+#: every step a kernel of its own: the conv step, the bare recurrence's variant, the norm step
+STEPS_CALL = h200.split_steps_call()
 
 
 @pytest.fixture(params=["fused", "split"], autouse=True)
@@ -44,7 +46,7 @@ def plan(request, monkeypatch):
 
 def core():
     """The dispatching call, on the current plan."""
-    return FUSED_CALL if PLAN == "fused" else SPLIT_CALL
+    return {"fused": FUSED_CALL, "split": SPLIT_CALL, "steps": STEPS_CALL}[PLAN]
 
 
 def pinned(name):
@@ -55,13 +57,13 @@ def pinned(name):
 def rounded_inputs():
     """What the split plan's workspace rounds the recurrence's inputs to (None when fused):
     tests.compare.assert_close's ``inputs_rounded_to``."""
-    return torch.bfloat16 if PLAN == "split" else None
+    return None if PLAN == "fused" else torch.bfloat16
 
 
 def causal_conv1d_update(x, *args, **kwargs):
     """The reference conv; on the split plan its outputs rounded once to x's dtype."""
     out, after = reference_conv(x, *args, **kwargs)
-    if PLAN == "split":
+    if PLAN != "fused":
         out = out.to(x.dtype).to(out.dtype)
     return out, after
 
@@ -131,6 +133,8 @@ def expected(case, *, H, K, HV, V, activation="silu", z=None, norm_weight=None, 
         state_layout=case["state_layout"],
     )  # fmt: skip
     out = ref.output
+    if PLAN == "steps":  # the norm step reads the recurrence's output as stored
+        out = out.to(torch.bfloat16).to(out.dtype)
     if z is not None:
         out = gated_rmsnorm(out, z, norm_weight, eps=eps, activation="silu")
     return out, ref, conv_after
@@ -179,6 +183,18 @@ def test_full_core(layout, state_dtype, tokens):
     case = make_case(
         B=4 + tokens, T=tokens, layout=layout, state_dtype=state_dtype, slots=20, padded=(1,),
         conv_layout="channels_last" if tokens % 2 else "channels_first", seed=tokens,
+    )  # fmt: skip
+    run_and_check(case)
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_full_core_as_separate_steps(layout, state_dtype, tokens, monkeypatch):
+    # The chain of gdngen's own kernels (split_steps_call); runs once under each plan fixture.
+    monkeypatch.setattr(sys.modules[__name__], "PLAN", "steps")
+    case = make_case(
+        B=5 + tokens, T=tokens, layout=layout, state_dtype=state_dtype, slots=20, padded=(2,),
+        conv_layout="channels_last", seed=40 + tokens,
     )  # fmt: skip
     run_and_check(case)
 

@@ -30,7 +30,12 @@ def norm_inputs(problem: Problem, *, weight_dtype=torch.bfloat16, z_view=False):
     return z, weight
 
 
-def run_norm_and_check(call, problem: Problem, *, activation="silu", eps=1e-6, **norm_options):
+def run_norm_and_check(
+    call, problem: Problem, *, activation="silu", eps=1e-6, norm_split=False, **norm_options
+):
+    """``norm_split``: the call runs the norm as a step of its own (gdngen.runtime.norm_step),
+    which normalises the recurrence's output as stored, rounded once to the output's dtype (as
+    an engine's norm kernel does): the reference rounds it too."""
     args = problem.make("cuda")
     z, weight = norm_inputs(problem, **norm_options)
     pool = state_of(args)
@@ -52,7 +57,8 @@ def run_norm_and_check(call, problem: Problem, *, activation="silu", eps=1e-6, *
         disable_state_update=problem.disable_state_update, state_layout=problem.layout,
     )  # fmt: skip
     live = ref.live
-    normed = gated_rmsnorm(ref.output, z, weight, eps=eps, activation=activation)
+    o = ref.output.to(io).to(ref.output.dtype) if norm_split else ref.output
+    normed = gated_rmsnorm(o, z, weight, eps=eps, activation=activation)
     assert_close("normed output", out[live], normed[live], io)
     if (~live).any():
         assert (out[~live] == 0).all(), "padded rows must have zero output"
@@ -125,6 +131,50 @@ def test_every_norm_rule_variant(name):
         pool_size=9, padded_rows=(2,), seed=7,
     )  # fmt: skip
     run_norm_and_check(h200.variant(name), problem)
+
+
+@pytest.mark.parametrize("layout,state_dtype", SERVED, ids=[f"{l}_{d}" for l, d in SERVED])
+@pytest.mark.parametrize("tokens,batch", [(1, 3), (1, 300), (4, 9)])
+def test_the_norm_split_plan(layout, state_dtype, tokens, batch):
+    # The bare recurrence's variant (a head over up to 16 CTAs at large batch), then the step.
+    problem = Problem(
+        batch=batch, tokens=tokens, HV=32, layout=layout, state_dtype=state_dtype,
+        pool_size=batch + 5, padded_rows=(1,), seed=batch + tokens,
+    )  # fmt: skip
+    call = h200.split_steps_call()
+    args = problem.make("cuda")
+    z, weight = norm_inputs(problem)
+    named = call.prepare(**args, z=z, norm_weight=weight)
+    assert named.endswith(" + norm_step_sm90"), named
+    run_norm_and_check(
+        call, problem, norm_split=True, activation="sigmoid" if tokens > 1 else "silu"
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["kl_fp32_tv8_ilp8_vec4_tpg32_sm90", "kl_bf16_tv128_ilp8_vec8_tpg16_sm90"]
+)
+def test_the_norm_split_plan_of_one_variant(name):
+    # a head over 16 CTAs (no epilogue of its own), and one CTA a head; HV 48: 6 CTAs of the
+    # step a row
+    module = h200.variant(name).module(name)
+    problem = Problem(
+        batch=5, tokens=2, HV=48, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE,
+        pool_size=9, padded_rows=(0, 3), seed=17,
+    )  # fmt: skip
+    run_norm_and_check(h200.variant(name, split_norm=True), problem, norm_split=True)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_the_norm_split_plan_at_other_head_dims(head_dim):
+    # V = 64: 8 lanes a head, 10 heads a CTA; V = 256: 32 lanes, 4 heads
+    problem = Problem(
+        batch=3, tokens=1, H=4, HV=20, K=head_dim, V=head_dim, pool_size=6, padded_rows=(2,),
+        seed=head_dim,
+    )  # fmt: skip
+    run_norm_and_check(
+        h200.split_steps_call(), problem, norm_split=True, weight_dtype=torch.float32
+    )
 
 
 def test_z_as_a_strided_view_of_the_projection():
