@@ -12,6 +12,9 @@ packed with ``cu_seqlens``), whose every token's state is written to its slot.
 - **split plan**: gdngen's own conv step, then the decode kernel with the norm fused, in one
   ``gdn_decode`` call on the split plan (``split_conv_call``; docs/design.md, "The conv1d step
   apart"), whatever the dispatch picks;
+- **steps plan**: every fused step a kernel of gdngen's own, in one ``gdn_decode`` call
+  (``split_steps_call``: the conv step, the variant the dispatch gives the bare recurrence, the
+  norm step; docs/design.md, "The norm step apart");
 - **conv, fused rest**: the conv kernel, then one ``gdn_decode`` with the norm fused;
 - **chain (gdngen)**: the conv kernel, the unfused ``gdn_decode``, the norm kernel;
 - **chain (flashinfer)**: the conv kernel, FlashInfer's recurrence in its own form (T > 1: its
@@ -139,6 +142,12 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
         split_call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
                    output=s["output"])  # fmt: skip
 
+    steps_call = target.split_steps_call()
+
+    def steps(s):
+        steps_call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
+                   output=s["output"])  # fmt: skip
+
     def conv_fused_rest(s):
         call(**with_rows(s, convolved(s)), **norm_kwargs(s), output=s["output"])
 
@@ -160,7 +169,7 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
         {} if isinstance(vllm_runs, str) else check_vllm(first, vllm_runs, chain, fused, conv)
     )
     runs = {"fused core": [lambda s=s: fused(s) for s in sets]}
-    split_variant = None
+    split_variant = steps_variant = None
     if conv:
         split_variant = split_call.prepare(
             **with_rows(first, first["args"]["mixed_qkv"]), **conv_kwargs(first),
@@ -168,6 +177,12 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
         )  # fmt: skip
         error = max(error, check_fused(first, split, chain, conv))
         runs["split plan"] = [lambda s=s: split(s) for s in sets]
+        steps_variant = steps_call.prepare(
+            **with_rows(first, first["args"]["mixed_qkv"]), **conv_kwargs(first),
+            **norm_kwargs(first), output=first["output"],
+        )  # fmt: skip
+        error = max(error, check_fused(first, steps, chain, conv))
+        runs["steps plan"] = [lambda s=s: steps(s) for s in sets]
         runs["conv, fused rest"] = [lambda s=s: conv_fused_rest(s) for s in sets]
     runs["chain (gdngen)"] = [lambda s=s: chain(s) for s in sets]
     peer = flashinfer_chain(flashinfer, peer_problem(problem), sets, convolved, norm_step)
@@ -184,7 +199,8 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
     return dict(
         batch=batch, tokens=tokens, H=problem.H, HV=HV, K=problem.K, V=problem.V,
         state_dtype=state_dtype, conv=conv, conv_layout=conv_layout, variant=variant,
-        plain_variant=plain_variant, split_variant=split_variant, error=error,
+        plain_variant=plain_variant, split_variant=split_variant, steps_variant=steps_variant,
+        error=error,
         vllm_errors=vllm_errors, skipped=skipped,
         us=time_side_by_side(runs, replays=replays),
     )  # fmt: skip
