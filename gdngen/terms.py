@@ -50,21 +50,30 @@ def norm_step_name(sm: str) -> str:
 
 
 #: how a tuning file names the split plan of a variant (the conv step, then the variant):
-#: ``split:<variant>``; the variant's own name is its fused plan (docs/design.md, "Tuning the
-#: decode core")
+#: ``split:<variant>``, and its steps plan (the conv step, the variant without the norm, the
+#: norm step): ``steps:<variant>``; the variant's own name is its fused plan (docs/design.md,
+#: "Tuning the decode core")
 SPLIT_PLAN = "split:"
+STEPS_PLAN = "steps:"
 
 
-def plan_name(variant: str, split_conv: bool) -> str:
-    """A decode-core plan's name in a tuning file: the variant, or ``split:<variant>``."""
+def plan_name(variant: str, split_conv: bool, split_norm: bool = False) -> str:
+    """A decode-core plan's name in a tuning file: the variant, ``split:<variant>`` or
+    ``steps:<variant>``. A core cell's plans split the norm off only with the conv."""
+    if split_norm:
+        if not split_conv:
+            raise ValueError("split_norm: a core plan that splits the norm off splits the conv too")
+        return STEPS_PLAN + variant
     return SPLIT_PLAN + variant if split_conv else variant
 
 
-def plan_parts(name: str) -> tuple[str, bool]:
-    """(variant, split_conv) of a plan's name (:func:`plan_name`)."""
+def plan_parts(name: str) -> tuple[str, bool, bool]:
+    """(variant, split_conv, split_norm) of a plan's name (:func:`plan_name`)."""
+    if name.startswith(STEPS_PLAN):
+        return name[len(STEPS_PLAN) :], True, True
     if name.startswith(SPLIT_PLAN):
-        return name[len(SPLIT_PLAN) :], True
-    return name, False
+        return name[len(SPLIT_PLAN) :], True, False
+    return name, False, False
 
 
 def pair_key(layout: str, state_dtype: str) -> str:

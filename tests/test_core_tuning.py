@@ -27,6 +27,8 @@ from tests.spec_helpers import SPEC_PATH, h200_dict, to_yaml
 FUSED_BF16 = "kl_bf16_tv128_ilp8_vec8_tpg16_sm90"
 SPLIT_BF16 = "kl_bf16_tv64_ilp8_vec8_tpg16_sm90"
 FUSED_FP32 = "kl_fp32_tv64_ilp8_vec4_tpg32_sm90"
+#: a head over 16 CTAs: no epilogue of its own (only the steps plan can take it)
+BARE_FP32 = "kl_fp32_tv8_ilp8_vec4_tpg32_sm90"
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +71,81 @@ def _core_file(spec, cells) -> TuningFile:
 
 
 def test_plan_names_round_trip():
-    assert plan_parts(plan_name(SPLIT_BF16, True)) == (SPLIT_BF16, True)
-    assert plan_parts(plan_name(SPLIT_BF16, False)) == (SPLIT_BF16, False)
+    assert plan_parts(plan_name(SPLIT_BF16, True)) == (SPLIT_BF16, True, False)
+    assert plan_parts(plan_name(SPLIT_BF16, False)) == (SPLIT_BF16, False, False)
+    assert plan_parts(plan_name(BARE_FP32, True, True)) == (BARE_FP32, True, True)
     assert plan_name(SPLIT_BF16, True) == "split:" + SPLIT_BF16
+    assert plan_name(BARE_FP32, True, True) == "steps:" + BARE_FP32
+    with pytest.raises(ValueError, match="split_norm: .*splits the conv too"):
+        plan_name(BARE_FP32, False, True)
+
+
+def test_a_steps_plan_that_wins_becomes_a_norm_split_rule(spec):
+    # fp32 cells where the steps plan (a variant without the epilogue between the two steps)
+    # wins from B*HV 4096: its rules split both steps off and name the bare variant
+    cells = []
+    for HV in (32, 64):
+        for batch in (1, 64, 256):
+            bh = batch * HV
+            steps = 4.0 + bh * 0.015 if bh >= 4096 else 99.0
+            cells.append(Cell(
+                layout="k_last", state_dtype="fp32", tokens=1, mode="core", HV=HV, batch=batch,
+                times_us={FUSED_FP32: 6 + bh * 0.02, plan_name(FUSED_FP32, True): 7 + bh * 0.03,
+                          plan_name(BARE_FP32, True, True): steps},
+            ))  # fmt: skip
+    rules = core_rules(cells, (128, 128))
+    assert [(r.use, r.split_conv, r.split_norm) for r in rules] == [
+        (FUSED_FP32, False, False),
+        (BARE_FP32, True, True),
+    ]
+    assert rules[1].batch_heads.hi is None and rules[1].gated_norm
+    # emitted, the row names the plan by keyword, and reads back as the same rule
+    measured = Measured(name="specs/h200.tuning.h100.yaml", cells=tuple(cells))
+    namespace: dict = {}
+    exec(render(dispatch_files(spec, "specs/h200.yaml", None, {"H100": measured})[0]), namespace)
+    h100 = namespace["TABLES"]["H100"]
+    assert rules[1] in h100
+
+
+def test_the_steps_plan_of_a_cell_is_its_bare_recurrences_variant():
+    import generated.h200 as h200
+    from gdngen.measure.core_cell import core_problem
+    from gdngen.tune.core import steps_plan
+
+    for T, B in ((1, 512), (1, 4), (4, 64)):
+        problem = core_problem(B, T, 64, "fp32")
+        variant, split_conv, split_norm = plan_parts(steps_plan(h200, problem))
+        assert split_conv and split_norm
+        bare = h200.select(
+            layout="k_last", state_dtype="fp32", tokens=T, batch_heads=B * 64,
+            intermediate=T > 1, head_dims=(128, 128), heads=64, packed=True,
+            per_token_slots=T > 1,
+        )  # fmt: skip
+        assert variant == bare.use and not bare.gated_norm
+
+
+def test_the_core_hash_covers_the_plain_candidates_only_with_steps(spec):
+    data = h200_dict()
+    data["tuning"]["core"]["steps"] = True
+    stepped = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert pair_sha256(stepped, "k_last", "fp32", core=True) != pair_sha256(
+        spec, "k_last", "fp32", core=True
+    )
+    # a variant the plain tuning times (a head over 16 CTAs: not a core candidate) is added:
+    # with steps, the core cells go stale too; without, they keep
+    added = {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 4, "vec": 4,
+             "threads_per_group": 32}  # fmt: skip
+    data["variants"].append(added)
+    changed = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert changed.variant_name(changed.variants[-1]) not in spec.variants_by_name
+    assert pair_sha256(changed, "k_last", "fp32", core=True) != pair_sha256(
+        stepped, "k_last", "fp32", core=True
+    )
+    data["tuning"]["core"]["steps"] = False
+    unstepped = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert pair_sha256(unstepped, "k_last", "fp32", core=True) == pair_sha256(
+        spec, "k_last", "fp32", core=True
+    )
 
 
 def test_core_candidates_have_the_epilogue_and_both_plans(spec):

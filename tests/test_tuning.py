@@ -852,7 +852,7 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
-        picked = plan_name(rule.use, rule.split_conv) if core else rule.use
+        picked = plan_name(rule.use, rule.split_conv, rule.split_norm) if core else rule.use
         assert mean[picked] <= min(mean.values()) + CELL_TOLERANCE, (cell, picked)
 
 

@@ -258,11 +258,12 @@ def _group_rules(
     """The rules of one measured group (its cells of one layout, dtype, mode and T), each with
     its evidence: each point's HV exceptions, then its spans. ``common`` holds the fields every
     rule of the group shares; ``ref(batch_heads, heads)`` names a rule's source. A pick is a
-    plan's name (gdngen.terms.plan_name): a split plan becomes its variant with ``split_conv``."""
+    plan's name (gdngen.terms.plan_name): a split plan becomes its variant with ``split_conv``,
+    a steps plan with ``split_conv`` and ``split_norm``."""
 
     def picked(name: str) -> dict:
-        variant, split = plan_parts(name)
-        return dict(use=variant, split_conv=True) if split else dict(use=variant)
+        variant, split_conv, split_norm = plan_parts(name)
+        return dict(use=variant, split_conv=split_conv, split_norm=split_norm)
 
     points = verdicts(group)
     for exception in head_exceptions(group, points):

@@ -360,7 +360,9 @@ class CoreGrid(_Strict):
     """The decode core's grid (``gdngen tune SPEC --core``; docs/design.md, "Tuning the decode
     core"): calls with the conv1d prologue and the gated RMSNorm epilogue, in vLLM's call forms,
     at the grid's base head dims. Each cell times both plans of every variant that has the
-    epilogue: the fused kernel, and the conv step before the kernel (the split plan)."""
+    epilogue: the fused kernel, and the conv step before the kernel (the split plan); with
+    ``steps``, also the steps plan of the variant the GPU's dispatch gives the cell's bare
+    recurrence (docs/design.md, "The norm step apart")."""
 
     #: the (layout, state dtype) pairs measured, as ``layout/dtype`` (e.g. ``k_last/bf16``)
     pairs: tuple[str, ...] = Field(min_length=1)
@@ -369,6 +371,10 @@ class CoreGrid(_Strict):
     heads: tuple[int, ...] = (32, 64)
     #: the conv width the cells run (engines use 4; the width is a compile key, not a rule's)
     conv_width: int = 4
+    #: each cell also times its steps plan (``steps:<variant>``: the conv step, the variant the
+    #: dispatch gives the bare recurrence, the norm step); the pair's cells then depend on the
+    #: variants of the plain tuning as well (gdngen.tune.tuning_file.pair_sha256)
+    steps: bool = False
 
     @model_validator(mode="after")
     def _grid(self) -> "CoreGrid":

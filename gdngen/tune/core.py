@@ -5,7 +5,9 @@ A core cell is a call with the conv1d prologue and the gated RMSNorm epilogue in
 forms (gdngen.measure.core_cell), at one (layout, state dtype, T, HV, B). Its plans are each
 variant with the epilogue (:meth:`gdngen.spec.model.Spec.core_candidates`) run fused (the
 prologue inside the kernel) and split (the conv step, then the variant:
-``split:<variant>``, gdngen.terms.plan_name). As in the plain tune, every plan is checked
+``split:<variant>``, gdngen.terms.plan_name); with the grid's ``steps``, also the steps plan of
+the variant this GPU's dispatch gives the cell's bare recurrence (``steps:<variant>``: the conv
+step, the variant, the norm step; docs/design.md, "The norm step apart"). As in the plain tune, every plan is checked
 against the float64 reference before it is timed, all are timed side by side over the same
 rotating input sets, and twice (:func:`gdngen.tune.run.settle`). The cells join the tuning file
 with ``mode: core``; emit turns them into the GPU model's rules for such calls.
@@ -47,6 +49,19 @@ def core_plans(spec: Spec, layout: str, state_dtype: str) -> list[str]:
     return [plan_name(v, split) for split in (False, True) for v in variants]
 
 
+def steps_plan(module, problem) -> str:
+    """The steps plan of a core cell: the variant the target's dispatch on this GPU gives the
+    cell's call without the conv and the norm (vLLM's packed forms: a per-token table at
+    T > 1), between the two steps."""
+    T = problem.tokens
+    rule = module.select(
+        layout=problem.layout, state_dtype=problem.state_dtype, tokens=T,
+        batch_heads=problem.sequences * problem.HV, intermediate=T > 1,
+        head_dims=(problem.K, problem.V), heads=problem.HV, packed=True, per_token_slots=T > 1,
+    )  # fmt: skip
+    return plan_name(rule.use, split_conv=True, split_norm=True)
+
+
 def time_core_plans(
     target: str,
     problem,
@@ -63,8 +78,8 @@ def time_core_plans(
         inputs = [core_inputs(problem, seed, conv_width=conv_width) for seed in range(sets)]
     calls = {}
     for plan in plans:  # compiles (planning a signature also zeroes its small workspaces)
-        variant, split = plan_parts(plan)
-        calls[plan] = module.variant(variant, split_conv=split)
+        variant, split_conv, split_norm = plan_parts(plan)
+        calls[plan] = module.variant(variant, split_conv=split_conv, split_norm=split_norm)
         calls[plan].prepare(**core_kwargs(inputs[0]))
     with gpu_turn():
         runs = {}
@@ -110,6 +125,7 @@ def tune_core(
     with gpu_turn():
         copy_bw = copy_bandwidth()
     dims = spec.tuning_head_dims
+    module = importlib.import_module(f"generated.{spec.target}")
     cells: list[Cell] = []
     started = time.time()
     for layout, state_dtype in measured_pairs:
@@ -121,9 +137,10 @@ def tune_core(
                     where = f"{layout}/{state_dtype} core T={T} HV={HV:3d} B={B:4d}"
                     problem = core_problem(B, T, HV, state_dtype, H=g.H, K=g.K, V=g.V,
                                            layout=layout)  # fmt: skip
+                    cell_plans = plans + ([steps_plan(module, problem)] if grid.steps else [])
                     try:
                         times = time_core_plans(
-                            spec.target, problem, plans, conv_width=grid.conv_width,
+                            spec.target, problem, cell_plans, conv_width=grid.conv_width,
                             replays=replays, gpu_turn=gpu_turn,
                         )  # fmt: skip
                     except torch.cuda.OutOfMemoryError:

@@ -139,9 +139,14 @@ def pair_sha256(
     leaves the others' timings valid; knobs at their default value are left out, so that a knob
     added to the Variant model (which does not change existing kernels' code) invalidates
     nothing. The decode-core cells of a pair (``core``) hash its :meth:`Spec.core_candidates`
-    instead."""
+    instead, with the plain tuning's candidates too where the core grid times steps plans (their
+    variants are those)."""
     if core:
         chosen = [spec.variants_by_name[n] for n in spec.core_candidates(layout, state_dtype)]
+        grid = spec.tuning.core if spec.tuning else None
+        if grid is not None and grid.steps:
+            plain = spec.tuning_candidates(layout, state_dtype)
+            chosen += [v for v in plain if v not in chosen]
     else:
         chosen = spec.tuning_candidates(layout, state_dtype, head_dims)
     variants = sorted(
@@ -149,7 +154,8 @@ def pair_sha256(
     )
     payload = {"target": spec.target, "sm": spec.sm, "variants": variants}
     if core:
-        payload["plans"] = "core"
+        steps = grid is not None and grid.steps
+        payload["plans"] = "core, steps" if steps else "core"
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
