@@ -78,6 +78,9 @@ def test_the_norm_step_compiles_in_every_call_form(form, tmp_path):
     assert len(re.findall(r"^\s*st\.global\.v4", text, re.M)) == key.tokens
     assert len(re.findall(r"^\s*ld\.global\.v4", text, re.M)) >= 2 * key.tokens + 1
     assert not re.search(r"^\s*(ld|st)\.global\.(b16|u16)\b", text, re.M)  # no scalar values
+    # every token's row and gate in flight before the first token's norm
+    loads = [m.start() for m in re.finditer(r"^\s*ld\.global\.v4", text, re.M)]
+    assert loads[-1] < re.search(r"^\s*shfl\.sync", text, re.M).start()
     waits = len(re.findall(r"griddepcontrol\.wait", text))
     assert waits >= 1 if key.pdl else waits == 0
 

@@ -86,25 +86,30 @@ def norm_step_launcher(*, name: str):
         weight.store(cute.zipped_divide(norm_weight, (E,))[None, lane].load())
         wait_for_producer(pdl)
         # (no head of a warp is past HV: heads_per_cta divides it, so every butterfly is whole)
+        # Every token's row and gate are loaded before any is normalised: one round trip for
+        # the row's T tokens, not T.
+        o = cute.make_rmem_tensor(cute.make_layout((T, E), stride=(E, 1)), Float32)
+        g = cute.make_rmem_tensor(cute.make_layout((T, E), stride=(E, 1)), Float32)
         for t in cutlass.range_constexpr(T):
             if token_live[t]:
                 at = token_at[t]
                 row = cute.zipped_divide(out[seq, at, hv, None], (E,))[None, lane]
                 gate = cute.zipped_divide(z[seq, at, hv, None], (E,))[None, lane]
-                o = cute.make_rmem_tensor((E,), Float32)
-                o.store(row.load().to(Float32))
-                g = cute.make_rmem_tensor((E,), Float32)
-                g.store(gate.load().to(Float32))
+                o[t, None].store(row.load().to(Float32))
+                g[t, None].store(gate.load().to(Float32))
+        for t in cutlass.range_constexpr(T):
+            if token_live[t]:
                 squares = Float32(0.0)
                 for i in cutlass.range_constexpr(E):
-                    squares += o[i] * o[i]
+                    squares += o[t, i] * o[t, i]
                 for offset in butterfly_offsets(lanes):
                     squares += cute.arch.shuffle_sync_bfly(squares, offset=offset)
                 scale = cute.math.rsqrt(squares / Float32(V) + norm_eps)
                 normed = cute.make_rmem_tensor((E,), out.element_type)
                 for i in cutlass.range_constexpr(E):
-                    y = o[i] * scale * Float32(weight[i]) * activate(g[i], norm_activation)
+                    y = o[t, i] * scale * Float32(weight[i]) * activate(g[t, i], norm_activation)
                     normed[i] = y.to(out.element_type)
+                row = cute.zipped_divide(out[seq, token_at[t], hv, None], (E,))[None, lane]
                 row.store(normed.load())
 
     @cute.jit
