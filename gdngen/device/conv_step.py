@@ -179,7 +179,7 @@ def conv_step_launcher(*, name: str):
         H, HV, K, V = q.shape[2], v.shape[2], q.shape[3], v.shape[3]
         # A channels-first pool's VEC channels of a column are VEC strided elements: a thread
         # a channel keeps a warp's accesses to one column contiguous (VEC of them per thread
-        # took 4-7x as long on an H200: docs/design.md, "The conv1d step apart").
+        # took up to 4.6x as long on an H200: docs/design.md, "The conv1d step apart").
         vec = channels_per_thread(q.element_type.width // 8, K, V) if channels_last else 1
         lanes, per_cta, ctas = step_grid(2 * H + HV, K, V, vec)
         conv_step_kernel(
