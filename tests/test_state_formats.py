@@ -11,9 +11,14 @@ from gdngen.bench.drift import make_inputs, simulate
 from gdngen.reference.state_formats import (
     FP8_E4M3_MAX,
     INT8_MAX,
+    STORAGE_DTYPES,
+    StoredState,
     bytes_per_element,
+    load,
     round_trip,
     scales,
+    store,
+    stored_scales,
 )
 
 SHAPE = (3, 64, 128)  # [heads, V, K]: two 32-row tiles per head
@@ -112,6 +117,50 @@ def test_error_feedback_cancels_over_many_stores():
     assert (total_error.abs() <= largest_scale / 2 + fp32_rounding).all()
     nearest_total = stores * (round_trip(h, "int8_row")[0].double() - h.double()).abs()
     assert (nearest_total > largest_scale / 2 + fp32_rounding).any()  # would fail the bound
+
+
+@pytest.mark.parametrize("fmt", list(STORAGE_DTYPES))
+def test_a_pool_holds_values_in_the_storage_dtype_and_compact_scales(fmt):
+    h = state(3)
+    h[1, 7] = 0  # an all-zero row: scale 1, values 0
+    stored = store(h, fmt, generator=torch.Generator().manual_seed(0))
+    assert stored.values.dtype == STORAGE_DTYPES[fmt] and stored.values.shape == h.shape
+    heads, V, _ = SHAPE
+    per = 32 if fmt == "fp8_e4m3_tile32" else 1
+    assert stored.scales.dtype == torch.float32 and stored.scales.shape == (heads, V // per)
+    assert torch.equal(stored.scales, stored_scales(h, fmt))
+    values = stored.values.float()
+    top = FP8_E4M3_MAX if fmt.startswith("fp8") else INT8_MAX
+    assert values.abs().max() <= top and (values[1, 7] == 0).all()
+    if fmt.startswith("int8"):  # the full grid is used: each row's amax lands on +-127
+        assert (values.abs().amax(-1)[h.abs().amax(-1) > 0] == INT8_MAX).all()
+    # what the kernels compute with is the round trip (stochastic rounding: the same draws)
+    again, _ = round_trip(h, fmt, generator=torch.Generator().manual_seed(0))
+    if fmt != "int8_row_ef":
+        assert torch.equal(load(stored, fmt), again)
+
+
+def test_stored_scales_broadcast_to_every_elements_scale():
+    h = state(4)
+    for fmt in STORAGE_DTYPES:
+        row = stored_scales(h, fmt)
+        if fmt == "fp8_e4m3_tile32":
+            row = row.repeat_interleave(32, dim=-1)
+        assert torch.equal(scales(h, fmt), row.unsqueeze(-1).expand(SHAPE))
+
+
+def test_store_and_load_name_a_wrong_format_or_dtype():
+    h = state()
+    with pytest.raises(ValueError, match="fmt: expected one of .*got 'bf16'"):
+        store(h, "bf16")
+    stored = store(h, "int8_row")
+    with pytest.raises(
+        ValueError, match="values: a fp8_e4m3_row pool holds .*float8.*got torch.int8"
+    ):
+        load(stored, "fp8_e4m3_row")
+    with pytest.raises(ValueError, match="fp8_e4m3_tile32 needs V a multiple of 32; got V=48"):
+        store(torch.ones(2, 48, 8), "fp8_e4m3_tile32")
+    assert isinstance(stored, StoredState)
 
 
 def test_bytes_per_element():

@@ -19,9 +19,16 @@ it to fp32 again. :func:`round_trip` is that store followed by that load. The st
   added to the state before it is quantized again, so the errors of successive stores cancel
   instead of adding up. The residual is a second fp32 tensor of the state's size kept between
   calls: 4 more bytes per element, more than the fp32 state it was meant to replace.
+
+:func:`store` and :func:`load` are the same two halves with the state as a quantized pool would
+hold it (:class:`StoredState`): the values in the format's storage dtype (int8, float8_e4m3fn)
+and the scales as their own fp32 tensor, one per row (``[..., V]``) or per tile
+(``[..., V // 32]``), indexed like the state; :func:`round_trip` is ``load(store(h))``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -42,16 +49,41 @@ FORMATS = (
 )
 
 
-def scales(h: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The fp32 scale of every element's row or tile, broadcast to ``h``'s shape: amax / the
-    format's largest value (1 where the row or tile is all zeros, so that nothing divides by 0)."""
-    rows = h.abs().amax(-1, keepdim=True)  # [..., V, 1]
+#: the storage dtype of each scaled format's values
+STORAGE_DTYPES = {
+    "fp8_e4m3_row": torch.float8_e4m3fn,
+    "fp8_e4m3_tile32": torch.float8_e4m3fn,
+    "int8_row": torch.int8,
+    "int8_row_sr": torch.int8,
+    "int8_row_ef": torch.int8,
+}
+
+
+def stored_scales(h: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The fp32 scales a pool of ``fmt`` holds for the state ``h`` ``[..., V, K]``: one per row
+    (``[..., V]``) or per 32-row tile (``[..., V // 32]``), amax / the format's largest value (1
+    where the row or tile is all zeros, so that nothing divides by 0)."""
+    amax = h.abs().amax(-1)  # [..., V]
     if fmt == "fp8_e4m3_tile32":
-        *lead, V, _ = rows.shape
-        tiles = rows.reshape(*lead, V // TILE_ROWS, TILE_ROWS).amax(-1, keepdim=True)
-        rows = tiles.expand(*lead, V // TILE_ROWS, TILE_ROWS).reshape(*lead, V, 1)
+        *lead, V = amax.shape
+        if V % TILE_ROWS:
+            raise ValueError(f"state: {fmt} needs V a multiple of {TILE_ROWS}; got V={V}")
+        amax = amax.reshape(*lead, V // TILE_ROWS, TILE_ROWS).amax(-1)
     top = FP8_E4M3_MAX if fmt.startswith("fp8") else INT8_MAX
-    return torch.where(rows > 0, rows / top, torch.ones_like(rows)).float().expand_as(h)
+    return torch.where(amax > 0, amax / top, torch.ones_like(amax)).float()
+
+
+def _per_element(scale: torch.Tensor, fmt: str, shape: torch.Size) -> torch.Tensor:
+    """Stored scales broadcast to the state's ``[..., V, K]``."""
+    if fmt == "fp8_e4m3_tile32":
+        scale = scale.repeat_interleave(TILE_ROWS, dim=-1)
+    return scale.unsqueeze(-1).expand(shape)
+
+
+def scales(h: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The fp32 scale of every element's row or tile, broadcast to ``h``'s shape
+    (:func:`stored_scales`)."""
+    return _per_element(stored_scales(h, fmt), fmt, h.shape)
 
 
 def _quantize(x: torch.Tensor, fmt: str, generator: torch.Generator | None) -> torch.Tensor:
@@ -62,6 +94,36 @@ def _quantize(x: torch.Tensor, fmt: str, generator: torch.Generator | None) -> t
         noise = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
         return torch.floor(x + noise).clamp(-INT8_MAX, INT8_MAX)
     return torch.round(x).clamp(-INT8_MAX, INT8_MAX)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """A state as a pool of a scaled format holds it: ``values`` ``[..., V, K]`` in the
+    format's storage dtype, ``scales`` fp32 per row or tile (:func:`stored_scales`)."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+
+
+def store(h: torch.Tensor, fmt: str, *, generator: torch.Generator | None = None) -> StoredState:
+    """``h`` (``[..., V, K]``) quantized into a scaled format (not a cast, not error feedback's
+    residual: :func:`round_trip` adds that before the store)."""
+    if fmt not in STORAGE_DTYPES:
+        raise ValueError(f"fmt: expected one of {tuple(STORAGE_DTYPES)}; got {fmt!r}")
+    h = h.float()
+    scale = stored_scales(h, fmt)
+    grid = _quantize(h / _per_element(scale, fmt, h.shape), fmt, generator)
+    return StoredState(grid.to(STORAGE_DTYPES[fmt]), scale)
+
+
+def load(stored: StoredState, fmt: str) -> torch.Tensor:
+    """The fp32 state a kernel computes with, from a pool of a scaled format."""
+    values = stored.values
+    if values.dtype != STORAGE_DTYPES.get(fmt):
+        raise ValueError(
+            f"values: a {fmt} pool holds {STORAGE_DTYPES.get(fmt)}; got {values.dtype}"
+        )
+    return values.float() * _per_element(stored.scales, fmt, values.shape)
 
 
 def round_trip(
@@ -81,8 +143,7 @@ def round_trip(
         return h.to(CAST_DTYPES[fmt]).float(), None
     if fmt == "int8_row_ef" and residual is not None:
         h = h + residual
-    scale = scales(h, fmt)
-    loaded = _quantize(h / scale, fmt, generator) * scale
+    loaded = load(store(h, fmt, generator=generator), fmt)
     return loaded, (h - loaded if fmt == "int8_row_ef" else None)
 
 
