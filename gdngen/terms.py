@@ -37,16 +37,20 @@ def sm_suffix(sm: str) -> str:
     return sm.removesuffix("a").replace("_", "")
 
 
+def step_name(kind: str, sm: str) -> str:
+    """A step kernel's module in a target's kernels package (``kind``: its device module,
+    ``conv_step`` or ``norm_step``): ``conv_step_sm90`` for sm_90a."""
+    return f"{kind}_{sm_suffix(sm)}"
+
+
 def conv_step_name(sm: str) -> str:
-    """The conv step's module in a target's kernels package (gdngen.runtime.conv_step):
-    ``conv_step_sm90`` for sm_90a."""
-    return f"conv_step_{sm_suffix(sm)}"
+    """The conv step's module (gdngen.runtime.conv_step)."""
+    return step_name("conv_step", sm)
 
 
 def norm_step_name(sm: str) -> str:
-    """The norm step's module in a target's kernels package (gdngen.runtime.norm_step):
-    ``norm_step_sm90`` for sm_90a."""
-    return f"norm_step_{sm_suffix(sm)}"
+    """The norm step's module (gdngen.runtime.norm_step)."""
+    return step_name("norm_step", sm)
 
 
 #: how a tuning file names the split plan of a variant (the conv step, then the variant):

@@ -32,7 +32,7 @@ from gdngen.dispatch import (
 from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
-from gdngen.terms import conv_step_name, norm_step_name
+from gdngen.terms import step_name
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
 from .dispatch_table import RowFormat
@@ -178,7 +178,7 @@ class StepModule:
     rule_field: str
 
     def module_name(self, sm: str) -> str:
-        return conv_step_name(sm) if self.kind == "conv_step" else norm_step_name(sm)
+        return step_name(self.kind, sm)
 
 
 CONV_STEP = StepModule(
