@@ -132,6 +132,7 @@ def pair_sha256(
     state_dtype: str,
     head_dims: tuple[int, int] | None = None,
     core: bool = False,
+    steps: bool | None = None,
 ) -> str:
     """What the timings of one (layout, dtype) pair at ``head_dims`` (default: the grid's base)
     depend on: the target, the SM and the knobs of that pair's variants built for those head dims
@@ -140,11 +141,13 @@ def pair_sha256(
     added to the Variant model (which does not change existing kernels' code) invalidates
     nothing. The decode-core cells of a pair (``core``) hash its :meth:`Spec.core_candidates`
     instead, with the plain tuning's candidates too where the core grid times steps plans (their
-    variants are those)."""
+    variants are those). ``steps`` overrides the grid's for that (:func:`stale_pairs`)."""
     if core:
         chosen = [spec.variants_by_name[n] for n in spec.core_candidates(layout, state_dtype)]
         grid = spec.tuning.core if spec.tuning else None
-        if grid is not None and grid.steps:
+        if steps is None:
+            steps = grid is not None and grid.steps
+        if steps:
             plain = spec.tuning_candidates(layout, state_dtype)
             chosen += [v for v in plain if v not in chosen]
     else:
@@ -154,7 +157,6 @@ def pair_sha256(
     )
     payload = {"target": spec.target, "sm": spec.sm, "variants": variants}
     if core:
-        steps = grid is not None and grid.steps
         payload["plans"] = "core, steps" if steps else "core"
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -177,7 +179,11 @@ def variants_sha256(spec: Spec) -> dict[str, str]:
 def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
     """The sets (pairs at a head dims, :func:`set_key`) with cells in ``tuning`` whose timings no
     longer hold for ``spec``, each with why: the file records no hash for it, or the spec's
-    variants of that pair for those head dims changed since."""
+    variants of that pair for those head dims changed since.
+
+    Decode-core cells measured before the grid timed steps plans still hold while their variants
+    are unchanged: each timed the fused and split plans it names, which adding a plan leaves
+    true. Their verdicts are among those plans only; a new core tune adds the steps plans."""
     stale = {}
     base = spec.tuning_head_dims
     sets = {(c.layout, c.state_dtype, c.head_dims(base), c.mode == "core") for c in tuning.cells}
@@ -187,6 +193,8 @@ def stale_pairs(tuning: TuningFile, spec: Spec) -> dict[str, str]:
         key = set_key(layout, state_dtype, dims, spec, core)
         recorded = tuning.variants_sha256.get(key)
         current = pair_sha256(spec, layout, state_dtype, dims, core)
+        if core and recorded == pair_sha256(spec, layout, state_dtype, dims, core, steps=False):
+            continue  # measured without the steps plans (see above)
         if recorded is None:
             stale[key] = "the file records no variants sha256 for this pair"
         elif recorded != current:
@@ -323,7 +331,7 @@ def parse_head_dims(text: str) -> tuple[tuple[int, int], ...]:
 def _variants_of(cell: Cell) -> set[str]:
     """The variants a cell's timings name (a core cell's plans, by their variants)."""
     names = {n for times in cell.timings for n in times}
-    return {plan_parts(n)[0] for n in names} if cell.mode == "core" else names
+    return {plan_parts(n).variant for n in names} if cell.mode == "core" else names
 
 
 def load_tuning(
