@@ -7,7 +7,7 @@ a new layout or dtype is added here once (see docs/design.md, "Features").
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Layout = Literal["k_last", "v_last"]
 StateDtype = Literal["bf16", "fp16", "fp32"]
@@ -55,29 +55,43 @@ def norm_step_name(sm: str) -> str:
 
 #: how a tuning file names the split plan of a variant (the conv step, then the variant):
 #: ``split:<variant>``, and its steps plan (the conv step, the variant without the norm, the
-#: norm step): ``steps:<variant>``; the variant's own name is its fused plan (docs/design.md,
-#: "Tuning the decode core")
+#: norm step): ``steps:<variant>``; the variant's own name is its fused plan. A plan launched
+#: without programmatic dependent launch begins ``nopdl:`` (docs/design.md, "Tuning the
+#: decode core")
 SPLIT_PLAN = "split:"
 STEPS_PLAN = "steps:"
+NO_PDL_PLAN = "nopdl:"
 
 
-def plan_name(variant: str, split_conv: bool, split_norm: bool = False) -> str:
+class Plan(NamedTuple):
+    """A decode-core plan (:func:`plan_name`): its variant, which steps run as kernels of their
+    own, and whether the kernels launch with programmatic dependent launch."""
+
+    variant: str
+    split_conv: bool = False
+    split_norm: bool = False
+    pdl: bool = True
+
+
+def plan_name(variant: str, split_conv: bool, split_norm: bool = False, pdl: bool = True) -> str:
     """A decode-core plan's name in a tuning file: the variant, ``split:<variant>`` or
-    ``steps:<variant>``. A core cell's plans split the norm off only with the conv."""
-    if split_norm:
-        if not split_conv:
-            raise ValueError("split_norm: a core plan that splits the norm off splits the conv too")
-        return STEPS_PLAN + variant
-    return SPLIT_PLAN + variant if split_conv else variant
+    ``steps:<variant>``, after ``nopdl:`` without PDL. A core cell's plans split the norm off
+    only with the conv."""
+    if split_norm and not split_conv:
+        raise ValueError("split_norm: a core plan that splits the norm off splits the conv too")
+    name = STEPS_PLAN + variant if split_norm else SPLIT_PLAN + variant if split_conv else variant
+    return name if pdl else NO_PDL_PLAN + name
 
 
-def plan_parts(name: str) -> tuple[str, bool, bool]:
-    """(variant, split_conv, split_norm) of a plan's name (:func:`plan_name`)."""
+def plan_parts(name: str) -> Plan:
+    """The :class:`Plan` a plan's name (:func:`plan_name`) stands for."""
+    pdl = not name.startswith(NO_PDL_PLAN)
+    name = name if pdl else name[len(NO_PDL_PLAN) :]
     if name.startswith(STEPS_PLAN):
-        return name[len(STEPS_PLAN) :], True, True
+        return Plan(name[len(STEPS_PLAN) :], True, True, pdl)
     if name.startswith(SPLIT_PLAN):
-        return name[len(SPLIT_PLAN) :], True, False
-    return name, False, False
+        return Plan(name[len(SPLIT_PLAN) :], True, False, pdl)
+    return Plan(name, False, False, pdl)
 
 
 def pair_key(layout: str, state_dtype: str) -> str:

@@ -71,9 +71,9 @@ def _core_file(spec, cells) -> TuningFile:
 
 
 def test_plan_names_round_trip():
-    assert plan_parts(plan_name(SPLIT_BF16, True)) == (SPLIT_BF16, True, False)
-    assert plan_parts(plan_name(SPLIT_BF16, False)) == (SPLIT_BF16, False, False)
-    assert plan_parts(plan_name(BARE_FP32, True, True)) == (BARE_FP32, True, True)
+    assert plan_parts(plan_name(SPLIT_BF16, True)) == (SPLIT_BF16, True, False, True)
+    assert plan_parts(plan_name(SPLIT_BF16, False)) == (SPLIT_BF16, False, False, True)
+    assert plan_parts(plan_name(BARE_FP32, True, True)) == (BARE_FP32, True, True, True)
     assert plan_name(SPLIT_BF16, True) == "split:" + SPLIT_BF16
     assert plan_name(BARE_FP32, True, True) == "steps:" + BARE_FP32
     with pytest.raises(ValueError, match="split_norm: .*splits the conv too"):
@@ -107,6 +107,86 @@ def test_a_steps_plan_that_wins_becomes_a_norm_split_rule(spec):
     assert rules[1] in h100
 
 
+def test_plans_without_pdl_round_trip():
+    name = plan_name(FUSED_BF16, False, pdl=False)
+    assert name == "nopdl:" + FUSED_BF16
+    assert plan_parts(name) == (FUSED_BF16, False, False, False)
+    steps = plan_name(BARE_FP32, True, True, pdl=False)
+    assert steps == "nopdl:steps:" + BARE_FP32
+    assert plan_parts(steps) == (BARE_FP32, True, True, False)
+
+
+def test_the_cells_a_held_rule_serves_time_its_plan_without_pdl(spec):
+    from gdngen.measure.core_cell import core_problem
+    from gdngen.tune.core import pdl_off_plans
+
+    # specs/h200.yaml holds PDL off for bf16's head-per-CTA kernel at T = 1 from B*HV 1024
+    held = [r for r in spec.dispatch if r.conv1d and not r.pdl and r.state_dtype == "bf16"]
+    assert [(r.use, r.tokens, r.batch_heads.lo) for r in held] == [(FUSED_BF16, Range(1, 1), 1024)]
+    for batch, tokens, dtype, expected in [
+        (16, 1, "bf16", ["nopdl:" + FUSED_BF16]),  # B*HV 1024
+        (15, 1, "bf16", []),
+        (512, 2, "bf16", []),
+        (512, 1, "fp32", []),
+    ]:
+        problem = core_problem(batch, tokens, 64, dtype, H=16, K=128, V=128)
+        assert pdl_off_plans(spec, problem) == expected, (batch, tokens, dtype)
+
+
+def _held_cells(nopdl_us: float | None) -> list[Cell]:
+    """bf16 T = 1 core cells at HV 64 where the steps plan wins over the plans with PDL; with
+    ``nopdl_us``, the held rule's plan without PDL timed too (from B = 16, B*HV 1024)."""
+    cells = []
+    for batch in (1, 16, 256):
+        bh = batch * 64
+        times = {FUSED_BF16: 5.0 + bh * 0.02, plan_name(BARE_FP32, True, True): 9.0 + bh * 0.015}
+        if nopdl_us is not None and bh >= 1024:
+            times[plan_name(FUSED_BF16, False, pdl=False)] = nopdl_us * bh
+        cells.append(Cell(layout="k_last", state_dtype="bf16", tokens=1, mode="core", HV=64,
+                          batch=batch, times_us=times))  # fmt: skip
+    return cells
+
+
+def _emitted_h100(spec, cells) -> tuple:
+    measured = Measured(name="specs/h200.tuning.h100.yaml", cells=tuple(cells))
+    namespace: dict = {}
+    exec(render(dispatch_files(spec, "specs/h200.yaml", None, {"H100": measured})[0]), namespace)
+    return namespace["TABLES"]["H100"]
+
+
+def test_a_held_rule_goes_first_until_the_cells_time_it(spec):
+    bf16_t1 = dict(layout="k_last", state_dtype="bf16", tokens=1, intermediate=False,
+                   head_dims=(128, 128), gated_norm=True, conv1d=True, heads=64)  # fmt: skip
+    big = CallShape(batch_heads=256 * 64, **bf16_t1)
+    # cells without the plan without PDL: the spec's held rule serves B*HV >= 1024 first; the
+    # measured steps rule behind it serves the calls below that it won (from B*HV 256)
+    table = _emitted_h100(spec, _held_cells(None))
+    rule = select(table, big)
+    assert (rule.use, rule.pdl, rule.source) == (FUSED_BF16, False, "spec[7]")
+    assert select(table, CallShape(batch_heads=512, **bf16_t1)).split_norm
+    # cells that timed it: their verdicts decide, with PDL off where that plan won
+    table = _emitted_h100(spec, _held_cells(0.001))  # faster than every plan with PDL
+    rule = select(table, big)
+    assert (rule.use, rule.pdl, rule.source[:2]) == (FUSED_BF16, False, "t:")
+    # bf16's held rule is no longer ahead of them (fp16's, whose cells are not timed, still is)
+    ahead = [r.source for r in table[: table.index(rule)] if not r.source.startswith("t:")]
+    assert ahead == ["spec[8]"]
+    table = _emitted_h100(spec, _held_cells(1.0))  # slower: the steps plan with PDL
+    rule = select(table, big)
+    assert (rule.use, rule.split_norm, rule.pdl) == (BARE_FP32, True, True)
+
+
+def test_a_rule_held_twice_is_reached_at_its_first_place_only(spec):
+    from gdngen.dispatch import reached, reached_at
+
+    rules = list(spec.dispatch)
+    doubled = [rules[7], *rules]
+    at = reached_at(doubled, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
+    assert 0 in at and 8 not in at
+    assert reached(doubled, spec.served, spec.head_dims, spec.features.max_tokens,
+                   spec.fusions).count(rules[7]) == 1  # fmt: skip
+
+
 def test_the_steps_plan_of_a_cell_is_its_bare_recurrences_variant():
     import generated.h200 as h200
     from gdngen.measure.core_cell import core_problem
@@ -114,7 +194,7 @@ def test_the_steps_plan_of_a_cell_is_its_bare_recurrences_variant():
 
     for T, B in ((1, 512), (1, 4), (4, 64)):
         problem = core_problem(B, T, 64, "fp32")
-        variant, split_conv, split_norm = plan_parts(steps_plan(h200, problem))
+        variant, split_conv, split_norm, _ = plan_parts(steps_plan(h200, problem))
         assert split_conv and split_norm
         bare = h200.select(
             layout="k_last", state_dtype="fp32", tokens=T, batch_heads=B * 64,
@@ -125,27 +205,59 @@ def test_the_steps_plan_of_a_cell_is_its_bare_recurrences_variant():
 
 
 def test_the_core_hash_covers_the_plain_candidates_only_with_steps(spec):
+    assert spec.tuning.core.steps  # specs/h200.yaml times the steps plans
     data = h200_dict()
-    data["tuning"]["core"]["steps"] = True
-    stepped = parse_spec(to_yaml(data), "specs/h200.yaml")
-    assert pair_sha256(stepped, "k_last", "fp32", core=True) != pair_sha256(
+    data["tuning"]["core"]["steps"] = False
+    unstepped = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert pair_sha256(unstepped, "k_last", "fp32", core=True) != pair_sha256(
         spec, "k_last", "fp32", core=True
+    )
+    assert pair_sha256(spec, "k_last", "fp32", core=True, steps=False) == pair_sha256(
+        unstepped, "k_last", "fp32", core=True
     )
     # a variant the plain tuning times (a head over 16 CTAs: not a core candidate) is added:
     # with steps, the core cells go stale too; without, they keep
     added = {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 4, "vec": 4,
              "threads_per_group": 32}  # fmt: skip
     data["variants"].append(added)
-    changed = parse_spec(to_yaml(data), "specs/h200.yaml")
-    assert changed.variant_name(changed.variants[-1]) not in spec.variants_by_name
-    assert pair_sha256(changed, "k_last", "fp32", core=True) != pair_sha256(
-        stepped, "k_last", "fp32", core=True
+    unstepped_added = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert unstepped_added.variant_name(unstepped_added.variants[-1]) not in spec.variants_by_name
+    assert pair_sha256(unstepped_added, "k_last", "fp32", core=True) == pair_sha256(
+        unstepped, "k_last", "fp32", core=True
     )
-    data["tuning"]["core"]["steps"] = False
-    unstepped = parse_spec(to_yaml(data), "specs/h200.yaml")
-    assert pair_sha256(unstepped, "k_last", "fp32", core=True) == pair_sha256(
+    data["tuning"]["core"]["steps"] = True
+    added = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert pair_sha256(added, "k_last", "fp32", core=True) != pair_sha256(
         spec, "k_last", "fp32", core=True
     )
+
+
+def test_core_cells_timed_without_the_steps_plans_still_hold(spec):
+    # An H100 file tuned before the grid timed steps plans: its fused and split timings are
+    # still true, so its rules stay (their verdicts are among those plans)
+    data = h200_dict()
+    data["tuning"]["core"]["steps"] = False
+    unstepped = parse_spec(to_yaml(data), "specs/h200.yaml")
+    tuning = _core_file(unstepped, _core_cells(tokens=(1,)))
+    assert stale_pairs(tuning, spec) == {}
+    # ... until a core candidate changes: then they are stale either way
+    data["tuning"]["core"]["steps"] = True
+    data["variants"].append(
+        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 32, "ilp": 8, "vec": 8,
+         "threads_per_group": 16, "gated_norm_only": True}
+    )  # fmt: skip
+    changed = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert set(stale_pairs(tuning, changed)) == {"k_last/bf16 core"}
+    # and a file that recorded the steps plans' hash holds only while the plain candidates do
+    stepped = _core_file(spec, _core_cells(tokens=(1,)))
+    assert stale_pairs(stepped, spec) == {}
+    data = h200_dict()
+    data["variants"].append(
+        {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 4, "vec": 4,
+         "threads_per_group": 32}
+    )  # fmt: skip
+    plain_added = parse_spec(to_yaml(data), "specs/h200.yaml")
+    assert "k_last/fp32 core" in stale_pairs(stepped, plain_added)
 
 
 def test_core_candidates_have_the_epilogue_and_both_plans(spec):

@@ -259,11 +259,14 @@ def _group_rules(
     its evidence: each point's HV exceptions, then its spans. ``common`` holds the fields every
     rule of the group shares; ``ref(batch_heads, heads)`` names a rule's source. A pick is a
     plan's name (gdngen.terms.plan_name): a split plan becomes its variant with ``split_conv``,
-    a steps plan with ``split_conv`` and ``split_norm``."""
+    a steps plan with ``split_conv`` and ``split_norm``, a plan without PDL a rule with
+    ``pdl=False``."""
 
     def picked(name: str) -> dict:
-        variant, split_conv, split_norm = plan_parts(name)
-        return dict(use=variant, split_conv=split_conv, split_norm=split_norm)
+        plan = plan_parts(name)
+        return dict(
+            use=plan.variant, split_conv=plan.split_conv, split_norm=plan.split_norm, pdl=plan.pdl
+        )
 
     points = verdicts(group)
     for exception in head_exceptions(group, points):

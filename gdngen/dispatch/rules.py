@@ -411,7 +411,25 @@ def reached(
 ) -> list[Rule]:
     """The rules that first-match serves some call of ``pairs`` at ``head_dims`` and ``fusions``
     (in table order): the others are shadowed by rules before them and can be left out."""
+    return [rules[i] for i in reached_at(rules, pairs, head_dims, max_tokens, fusions)]
+
+
+def reached_at(
+    rules: Sequence[Rule],
+    pairs: Iterable[tuple[str, str]],
+    head_dims: Iterable[tuple[int, int]],
+    max_tokens: int,
+    fusions: Iterable[Fusion] = UNFUSED,
+) -> list[int]:
+    """The positions in ``rules`` of :func:`reached`'s rules: a rule the table holds twice is
+    reached at its first place only (the second serves nothing the first does not)."""
     first_match = FirstMatch(rules)
     shapes = boundary_shapes(first_match, pairs, head_dims, max_tokens, fusions)
     hit = {id(first_match(shape)) for shape in shapes}
-    return [rule for rule in rules if id(rule) in hit]
+    seen: list[Rule] = []
+    at = []
+    for index, rule in enumerate(rules):
+        if id(rule) in hit and rule not in seen:
+            at.append(index)
+        seen.append(rule)
+    return at

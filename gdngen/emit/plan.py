@@ -26,13 +26,14 @@ from gdngen.dispatch import (
     measured_evidence,
     measured_rules,
     reached,
+    reached_at,
     select,
     table_order,
 )
 from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
-from gdngen.terms import step_name
+from gdngen.terms import plan_name, step_name
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
 from .dispatch_table import RowFormat
@@ -364,7 +365,9 @@ def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
 def _core_lead(rules: list[Rule]) -> list[Rule]:
     """The rules a table with measured decode-core cells starts with (:func:`dispatch_rules`):
     the spec's rules that hold PDL off for such calls, then the measured core rules."""
-    held = list(takewhile(lambda rule: rule.conv1d and not rule.pdl, rules))
+    held = list(
+        takewhile(lambda r: r.conv1d and not r.pdl and not r.source.startswith("t:"), rules)
+    )
     core = list(takewhile(lambda r: r.conv1d and r.source.startswith("t:"), rules[len(held) :]))
     return held + core if core else []
 
@@ -388,6 +391,29 @@ def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
     return parts
 
 
+def _without_dead_rules(spec: Spec, tables: list[tuple]) -> list[tuple]:
+    """``tables`` (key, tuning, rules) without the rules no call reaches. Each table's own rules
+    (its decode-core lead, and its rules after the shared ones) go where that table does not
+    reach them; the spec's rules every table has ahead of its measured ones (written once)
+    only where no table reaches them, as where every table's measured core rules, or a held
+    rule's first place, serve their calls first (:func:`dispatch_rules`)."""
+    calls = (spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
+    parts = []  # per table: its lead's length, its shared rules' span, its reached positions
+    for _, _, rules in tables:
+        lead = len(_core_lead(rules))
+        ahead = len(list(takewhile(ahead_of_measured, rules[lead:])))
+        parts.append((lead, ahead, set(reached_at(rules, *calls))))
+    shared_live = {i - lead for lead, ahead, at in parts for i in at if lead <= i < lead + ahead}
+    kept = []
+    for (key, tuning, rules), (lead, ahead, at) in zip(tables, parts):
+        live = [
+            rule for i, rule in enumerate(rules)
+            if (i - lead in shared_live if lead <= i < lead + ahead else i in at)
+        ]  # fmt: skip
+        kept.append((key, tuning, live))
+    return kept
+
+
 def dispatch_files(
     spec: Spec, spec_path: str, measured: Measured | None, other_gpus: dict[str, Measured]
 ) -> list[PlannedFile]:
@@ -398,6 +424,7 @@ def dispatch_files(
     # per table: its key ("TABLE", or its GPU model in TABLES), tuning file and rules
     tables = [("TABLE", measured, dispatch_rules(spec, measured))]
     tables += [(gpu, other, dispatch_rules(spec, other)) for gpu, other in other_gpus.items()]
+    tables = _without_dead_rules(spec, tables)
     parts = dispatch_tables(tables[0][2], {gpu: rules for gpu, _, rules in tables[1:]})
     evidence = []  # per table with measured rows: the rows' sources, variants and evidence
     for key, tuning, rules in tables:
@@ -495,20 +522,29 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
         raise TuningError(
             f"{where}: its dispatch rules leave a gap: no rule serves {gap.describe()}"
         )
-    reach = reached(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
+    calls = (spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
+    reach = reached(rules, *calls)
     if lead:
-        lead = _held_pdl_off(spec, static) + lead
+        lead = _held_pdl_off(spec, static, measured) + lead
+        # a measured core rule that a held rule serves every call of first is dead weight
+        first = reached(lead + reach, *calls)
+        lead = [rule for rule in lead if rule in first]
     return lead + reach
 
 
-def _held_pdl_off(spec: Spec, static: list[Rule]) -> list[Rule]:
+def _held_pdl_off(spec: Spec, static: list[Rule], measured: Measured) -> list[Rule]:
     """The spec's rules that hold PDL off (``pdl: false``) for decode-core calls, which go
-    before the measured core rules: the core tune times every plan with PDL, as a call gets it
-    by default, so it cannot rank a plan against the same kernel without PDL, which is what
-    such a rule was measured for (docs/design.md, "Tuning the decode core"). Each must be the
-    spec's own first match for every call it serves, so that putting it first changes no other
-    rule's calls."""
-    held = [rule for rule in static if rule.conv1d and not rule.pdl]
+    before the measured core rules where the core tune did not time their plan without PDL
+    (gdngen.tune.core.pdl_off_plans): ranked only against plans with PDL, as a call gets them
+    by default, the tune's verdict says nothing about the same kernel without PDL, which is
+    what such a rule was measured for (docs/design.md, "Tuning the decode core"). Where the
+    cells timed it, their rules decide. Each must be the spec's own first match for every call
+    it serves, so that putting it first changes no other rule's calls."""
+    timed = {name for c in measured.cells if c.mode == "core" for t in c.timings for name in t}
+    held = [
+        rule for rule in static if rule.conv1d and not rule.pdl
+        and plan_name(rule.use, rule.split_conv, rule.split_norm, pdl=False) not in timed
+    ]  # fmt: skip
     if not held:
         return []
     ordered = table_order(static)

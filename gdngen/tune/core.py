@@ -7,7 +7,10 @@ variant with the epilogue (:meth:`gdngen.spec.model.Spec.core_candidates`) run f
 prologue inside the kernel) and split (the conv step, then the variant:
 ``split:<variant>``, gdngen.terms.plan_name); with the grid's ``steps``, also the steps plan of
 the variant this GPU's dispatch gives the cell's bare recurrence (``steps:<variant>``: the conv
-step, the variant, the norm step; docs/design.md, "The norm step apart"). As in the plain tune, every plan is checked
+step, the variant, the norm step; docs/design.md, "The norm step apart"); and where the spec
+holds PDL off for the cell's calls (a ``pdl: false`` rule), that rule's plan launched without
+PDL (``nopdl:<plan>``), so that the cell ranks it against the plans with PDL. As in the plain
+tune, every plan is checked
 against the float64 reference before it is timed, all are timed side by side over the same
 rotating input sets, and twice (:func:`gdngen.tune.run.settle`). The cells join the tuning file
 with ``mode: core``; emit turns them into the GPU model's rules for such calls.
@@ -15,6 +18,7 @@ with ``mode: core``; emit turns them into the GPU model's rules for such calls.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import time
@@ -23,6 +27,7 @@ from typing import Callable, ContextManager, TextIO
 
 import torch
 
+from gdngen.dispatch import CallShape
 from gdngen.measure.core_cell import (
     CoreCheck,
     core_bytes,
@@ -49,17 +54,35 @@ def core_plans(spec: Spec, layout: str, state_dtype: str) -> list[str]:
     return [plan_name(v, split) for split in (False, True) for v in variants]
 
 
-def steps_plan(module, problem) -> str:
-    """The steps plan of a core cell: the variant the target's dispatch on this GPU gives the
-    cell's call without the conv and the norm (vLLM's packed forms: a per-token table at
-    T > 1), between the two steps."""
+def _call_shape(problem, core: bool) -> dict:
+    """What dispatch sees of a core cell's call (vLLM's packed forms: a per-token table at
+    T > 1), with the conv and the norm (``core``) or without."""
     T = problem.tokens
-    rule = module.select(
+    return dict(
         layout=problem.layout, state_dtype=problem.state_dtype, tokens=T,
         batch_heads=problem.sequences * problem.HV, intermediate=T > 1,
         head_dims=(problem.K, problem.V), heads=problem.HV, packed=True, per_token_slots=T > 1,
+        gated_norm=core, conv1d=core,
     )  # fmt: skip
+
+
+def steps_plan(module, problem) -> str:
+    """The steps plan of a core cell: the variant the target's dispatch on this GPU gives the
+    cell's call without the conv and the norm, between the two steps."""
+    rule = module.select(**_call_shape(problem, core=False))
     return plan_name(rule.use, split_conv=True, split_norm=True)
+
+
+def pdl_off_plans(spec: Spec, problem) -> list[str]:
+    """The plans the spec's rules hold PDL off for on a core cell's call (``pdl: false``, see
+    gdngen.emit.plan's held rules), launched without PDL: the tune ranks them against the
+    plans with PDL, which a call gets by default."""
+    shape = CallShape(**_call_shape(problem, core=True))
+    return [
+        plan_name(rule.use, rule.split_conv, rule.split_norm, pdl=False)
+        for rule in spec.dispatch
+        if rule.conv1d and not rule.pdl and rule.serves(shape)
+    ]
 
 
 def time_core_plans(
@@ -78,9 +101,10 @@ def time_core_plans(
         inputs = [core_inputs(problem, seed, conv_width=conv_width) for seed in range(sets)]
     calls = {}
     for plan in plans:  # compiles (planning a signature also zeroes its small workspaces)
-        variant, split_conv, split_norm = plan_parts(plan)
-        calls[plan] = module.variant(variant, split_conv=split_conv, split_norm=split_norm)
-        calls[plan].prepare(**core_kwargs(inputs[0]))
+        variant, split_conv, split_norm, pdl = plan_parts(plan)
+        call = module.variant(variant, split_conv=split_conv, split_norm=split_norm)
+        call.prepare(**core_kwargs(inputs[0]), enable_pdl=pdl)
+        calls[plan] = functools.partial(call, enable_pdl=pdl)
     with gpu_turn():
         runs = {}
         check = CoreCheck(inputs[0], problem)
@@ -138,6 +162,7 @@ def tune_core(
                     problem = core_problem(B, T, HV, state_dtype, H=g.H, K=g.K, V=g.V,
                                            layout=layout)  # fmt: skip
                     cell_plans = plans + ([steps_plan(module, problem)] if grid.steps else [])
+                    cell_plans += pdl_off_plans(spec, problem)
                     try:
                         times = time_core_plans(
                             spec.target, problem, cell_plans, conv_width=grid.conv_width,
