@@ -167,9 +167,10 @@ def test_the_norm_split_plan_of_one_variant(name):
 
 @pytest.mark.parametrize("head_dim", [64, 256])
 def test_the_norm_split_plan_at_other_head_dims(head_dim):
-    # V = 64: 8 lanes a head, 10 heads a CTA; V = 256: 32 lanes, 4 heads
+    # the spec's geometries at these head dims (HV 32). V = 64: 8 lanes a head, 16 heads a CTA;
+    # V = 256: 32 lanes, 4 heads
     problem = Problem(
-        batch=3, tokens=1, H=4, HV=20, K=head_dim, V=head_dim, pool_size=6, padded_rows=(2,),
+        batch=3, tokens=1, HV=32, K=head_dim, V=head_dim, pool_size=6, padded_rows=(2,),
         seed=head_dim,
     )  # fmt: skip
     run_norm_and_check(
