@@ -29,6 +29,12 @@ SPLIT_BF16 = "kl_bf16_tv64_ilp8_vec8_tpg16_sm90"
 FUSED_FP32 = "kl_fp32_tv64_ilp8_vec4_tpg32_sm90"
 #: a head over 16 CTAs: no epilogue of its own (only the steps plan can take it)
 BARE_FP32 = "kl_fp32_tv8_ilp8_vec4_tpg32_sm90"
+#: a variant specs/h200.yaml does not have, that is a core candidate only (gated_norm_only)
+ADDED_CORE_CANDIDATE = {"layout": "k_last", "state_dtype": "bf16", "tile_v": 32, "ilp": 8,
+                        "vec": 8, "threads_per_group": 16, "gated_norm_only": True}  # fmt: skip
+#: one that is a plain candidate only (a head over 16 CTAs: no epilogue)
+ADDED_PLAIN_CANDIDATE = {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 4,
+                         "vec": 4, "threads_per_group": 32}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -217,9 +223,7 @@ def test_the_core_hash_covers_the_plain_candidates_only_with_steps(spec):
     )
     # a variant the plain tuning times (a head over 16 CTAs: not a core candidate) is added:
     # with steps, the core cells go stale too; without, they keep
-    added = {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 4, "vec": 4,
-             "threads_per_group": 32}  # fmt: skip
-    data["variants"].append(added)
+    data["variants"].append(dict(ADDED_PLAIN_CANDIDATE))
     unstepped_added = parse_spec(to_yaml(data), "specs/h200.yaml")
     assert unstepped_added.variant_name(unstepped_added.variants[-1]) not in spec.variants_by_name
     assert pair_sha256(unstepped_added, "k_last", "fp32", core=True) == pair_sha256(
@@ -242,20 +246,14 @@ def test_core_cells_timed_without_the_steps_plans_still_hold(spec):
     assert stale_pairs(tuning, spec) == {}
     # ... until a core candidate changes: then they are stale either way
     data["tuning"]["core"]["steps"] = True
-    data["variants"].append(
-        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 32, "ilp": 8, "vec": 8,
-         "threads_per_group": 16, "gated_norm_only": True}
-    )  # fmt: skip
+    data["variants"].append(dict(ADDED_CORE_CANDIDATE))
     changed = parse_spec(to_yaml(data), "specs/h200.yaml")
     assert set(stale_pairs(tuning, changed)) == {"k_last/bf16 core"}
     # and a file that recorded the steps plans' hash holds only while the plain candidates do
     stepped = _core_file(spec, _core_cells(tokens=(1,)))
     assert stale_pairs(stepped, spec) == {}
     data = h200_dict()
-    data["variants"].append(
-        {"layout": "k_last", "state_dtype": "fp32", "tile_v": 8, "ilp": 4, "vec": 4,
-         "threads_per_group": 32}
-    )  # fmt: skip
+    data["variants"].append(dict(ADDED_PLAIN_CANDIDATE))
     plain_added = parse_spec(to_yaml(data), "specs/h200.yaml")
     assert "k_last/fp32 core" in stale_pairs(stepped, plain_added)
 
@@ -363,10 +361,7 @@ def test_core_cells_round_trip_and_go_stale_on_their_own(spec, tmp_path):
     # a core candidate is added (one the plain tuning does not time): the core set is stale,
     # the plain sets' hashes are not
     data = h200_dict()
-    data["variants"].append(
-        {"layout": "k_last", "state_dtype": "bf16", "tile_v": 32, "ilp": 8, "vec": 8,
-         "threads_per_group": 16, "gated_norm_only": True}
-    )  # fmt: skip
+    data["variants"].append(dict(ADDED_CORE_CANDIDATE))
     changed = parse_spec(to_yaml(data), "specs/h200.yaml")
     assert set(stale_pairs(tuning, changed)) == {"k_last/bf16 core"}
     plain = {k: v for k, v in variants_sha256(spec).items() if not k.endswith(" core")}
