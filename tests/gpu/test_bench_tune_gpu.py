@@ -153,12 +153,15 @@ def test_two_tune_processes_share_the_gpu_by_turns(tmp_path):
 
 def test_tune_core_grid_feeds_emit(tmp_path):
     # The decode core's grid, small: both plans of every bf16 candidate at T = 1 and 2 (vLLM's
-    # per-token form), checked against the float64 reference and timed, then its rules.
+    # per-token form), the steps plan, and at T = 1, B*HV 1024 the held rule's plan without PDL
+    # (specs/h200.yaml holds PDL off there), checked against the float64 reference and timed,
+    # then its rules.
     data = yaml.safe_load((ROOT / "specs" / "h200.yaml").read_text())
     data["tuning"]["gpu"] = "NVIDIA"
     data["tuning"]["other_gpus"] = []
     data["tuning"]["core"] = {
-        "pairs": ["k_last/bf16"], "tokens": [1, 2], "batch": [1, 8], "heads": [32],
+        "pairs": ["k_last/bf16"], "tokens": [1, 2], "batch": [1, 32], "heads": [32],
+        "steps": True,
     }  # fmt: skip
     spec_path = tmp_path / "h200.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -168,9 +171,12 @@ def test_tune_core_grid_feeds_emit(tmp_path):
     spec = parse_spec(spec_path.read_text(), str(spec_path))
     tuning = load_tuning(out, spec)
     assert not tuning.stale and len(tuning.cells) == 4
-    plans = 2 * len(spec.core_candidates("k_last", "bf16"))
+    plans = 2 * len(spec.core_candidates("k_last", "bf16")) + 1
     for cell in tuning.cells:
-        assert cell.mode == "core" and len(cell.times_us) == plans
+        held = cell.tokens == 1 and cell.batch * cell.HV >= 1024
+        assert cell.mode == "core" and len(cell.times_us) == plans + held
+        assert sum(name.startswith("steps:") for name in cell.times_us) == 1
+        assert sum(name.startswith("nopdl:") for name in cell.times_us) == held
         assert all(us > 0 for us in cell.times_us.values())
     rules = core_rules(tuning.cells, spec.tuning_head_dims)
     assert rules and all(rule.conv1d and rule.gated_norm for rule in rules)
