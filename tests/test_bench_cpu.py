@@ -379,9 +379,29 @@ def test_core_bench_forms_and_report():
              us={"fused core": 10.0, "chain (gdngen)": 5.0, "recurrence alone": 8.0}),
     ]  # fmt: skip
     text = core.markdown(records, dict(gpu="X", copy_GBps=1.0, fla_steps="conv, norm"))
-    assert "| 1.50 | - | 1.250 |" in text and "| 0.50 | - | 1.250 |" in text
+    assert "| 1.50 | - | 1.250 | - | - | - |" in text and "| 0.50 | - | 1.250 |" in text
     assert "| 5.00 | - | 8.00 |" in text  # FlashInfer skipped the second cell
     assert "geometric mean 0.87x over 2 cells" in text
+
+
+def test_core_bench_report_puts_the_best_plan_against_vllm_and_the_floor():
+    from gdngen.bench import core
+    from gdngen.measure.core_cell import steps_bytes
+
+    # HV 64, B 512, T 1 at 4000 GB/s: the conv window (12288 channels, 3 columns read and 3
+    # written) and z (64 x 128) in bf16 add 40.1 µs to the recurrence
+    record = dict(state_dtype="fp32", H=16, HV=64, K=128, V=128, tokens=1, batch=512, conv=True,
+                  variant="v", us={"fused core": 1140.0, "split plan": 1130.0,
+                                   "steps plan": 1080.0, "chain (vllm, triton norm)": 1188.0,
+                                   "chain (gdngen)": 1100.0, "recurrence alone": 1000.0})  # fmt: skip
+    added = steps_bytes(core.core_problem(512, 1, 64, "fp32"), core.CONV_WIDTH)
+    assert added == 512 * (12288 * 2 * 6 + 64 * 128 * 2)
+    floor = core.floor_us(record, 4000.0)
+    assert floor == pytest.approx(1000.0 + added / 4000e3)
+    text = core.markdown([record], dict(gpu="X", copy_GBps=4000.0, fla_steps="conv, norm"))
+    assert f"| 1.10 | {1080.0 / floor:.3f} |" in text  # the steps plan is the best plan
+    assert "vllm chain / best plan: geometric mean 1.10x, min 1.10x over 1 cells" in text
+    assert core.floor_us(dict(record, conv=False), 4000.0) is None
 
 
 def test_a_stopped_bench_writes_the_tables_of_the_cells_it_finished(tmp_path, monkeypatch):

@@ -294,12 +294,18 @@ def test_the_report_has_the_faster_vllm_chain_over_fused_and_counts_it_a_chain()
     text = core.markdown(records, env)
     header, rule, first, second = text.splitlines()[2:6]
     columns = [c.strip() for c in header.strip("|").split("|")]
-    assert columns[-4:] == [
-        "fastest chain / fused", "vllm chain / fused", "fused / recurrence", "split / recurrence"
+    assert columns[-6:] == [
+        "fastest chain / fused", "vllm chain / fused", "fused / recurrence", "split / recurrence",
+        "vllm chain / best plan", "best plan / floor",
     ]  # fmt: skip
     assert rule.count("---") == len(columns)
-    assert [c.strip() for c in first.strip("|").split("|")][-4:] == ["0.90", "0.90", "1.250", "-"]
-    assert [c.strip() for c in second.strip("|").split("|")][-4:] == ["1.20", "-", "1.250", "-"]
+    # (the records have no geometry, so no floor)
+    assert [c.strip() for c in first.strip("|").split("|")][-6:] == [
+        "0.90", "0.90", "1.250", "-", "0.90", "-"
+    ]  # fmt: skip
+    assert [c.strip() for c in second.strip("|").split("|")][-6:] == [
+        "1.20", "-", "1.250", "-", "-", "-"
+    ]  # fmt: skip
     assert "vLLM chain: 0.33.0" in text
     assert "vllm chain / fused: geometric mean 0.90x over 1 cells" in text
 

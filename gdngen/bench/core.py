@@ -55,7 +55,7 @@ from gdngen.measure.impls import FlashInfer
 from gdngen.measure.summary import geometric_mean, relative_error
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.measure.vllm_kernels import SOURCE_ENV, VllmKernels, vllm_kernels
-from gdngen.measure.core_cell import CONV_LAYOUTS, core_problem
+from gdngen.measure.core_cell import CONV_LAYOUTS, core_problem, steps_bytes
 from gdngen.measure.core_cell import core_inputs as cell_inputs
 from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
 
@@ -323,10 +323,27 @@ def split_ratio(us: dict) -> str:
     return f"{us['split plan'] / us['recurrence alone']:.3f}"
 
 
+#: the entries that are one ``gdn_decode`` call of gdngen's, each a plan the dispatch may pick
+GDNGEN_PLANS = ("fused core", "split plan", "steps plan")
+
+
+def floor_us(record: dict, copy_GBps: float) -> float | None:
+    """The cell's floor: the recurrence alone, plus the bytes the conv and the norm add at copy
+    bandwidth (None for a cell without the conv, or a record without its geometry)."""
+    if not record.get("conv", True) or not all(k in record for k in ("H", "K", "V")):
+        return None
+    problem = core_problem(record["batch"], record["tokens"], record["HV"],
+                           record["state_dtype"], H=record["H"], K=record["K"],
+                           V=record["V"])  # fmt: skip
+    added = steps_bytes(problem, CONV_WIDTH) / (copy_GBps * 1e3)  # bytes / (GB/s) in µs
+    return record["us"]["recurrence alone"] + added
+
+
 def markdown(records: list[dict], env: dict) -> str:
     """The cells as one table: every entry's µs, then the fastest chain (the vLLM chains among
     them) over the fused call, the faster vLLM chain over it ("-" where vLLM is missing), and the
-    fused call over the recurrence alone."""
+    fused call over the recurrence alone; then the best of gdngen's plans: vLLM's chain over it
+    and it over the floor (:func:`floor_us`)."""
     names = list(dict.fromkeys(n for r in records for n in r["us"]))
     vllm_names = [vllm_entry(norm) for norm in vllm_chain.NORMS]
     lines = [
@@ -337,24 +354,29 @@ def markdown(records: list[dict], env: dict) -> str:
         "| state | HV | T | B | fused variant | "
         + " | ".join(f"{n} µs" for n in names)
         + " | fastest chain / fused | vllm chain / fused | fused / recurrence"
-        + " | split / recurrence |",
-        "|" + "---|" * (9 + len(names)),
+        + " | split / recurrence | vllm chain / best plan | best plan / floor |",
+        "|" + "---|" * (11 + len(names)),
     ]
-    ratios, vllm_ratios = [], []
+    ratios, vllm_ratios, best_ratios = [], [], []
     for r in records:
         us = r["us"]
         fused = us["fused core"]
+        best = min(us[n] for n in GDNGEN_PLANS if n in us)
         ratios.append(min(v for n, v in us.items() if n.startswith("chain")) / fused)
         vllm_us = [us[n] for n in vllm_names if n in us]
-        vllm_cell = "-"
+        vllm_cell = best_cell = "-"
         if vllm_us:
             vllm_ratios.append(min(vllm_us) / fused)
-            vllm_cell = f"{vllm_ratios[-1]:.2f}"
+            best_ratios.append(min(vllm_us) / best)
+            vllm_cell, best_cell = f"{vllm_ratios[-1]:.2f}", f"{best_ratios[-1]:.2f}"
+        floor = floor_us(r, env.get("copy_GBps", 0))
+        floor_cell = "-" if floor is None else f"{best / floor:.3f}"
         cells = " | ".join(f"{us[n]:.2f}" if n in us else "-" for n in names)
         lines.append(
             f"| {r['state_dtype']} | {r['HV']} | {r['tokens']} | {r['batch']} | `{r['variant']}` "
             f"| {cells} | {ratios[-1]:.2f} | {vllm_cell} | "
-            f"{fused / us['recurrence alone']:.3f} | {split_ratio(us)} |"
+            f"{fused / us['recurrence alone']:.3f} | {split_ratio(us)} | {best_cell} | "
+            f"{floor_cell} |"
         )
     lines.append(
         f"\nfastest chain / fused: geometric mean {geometric_mean(ratios):.2f}x over "
@@ -364,6 +386,10 @@ def markdown(records: list[dict], env: dict) -> str:
         lines.append(
             f"vllm chain / fused: geometric mean {geometric_mean(vllm_ratios):.2f}x over "
             f"{len(vllm_ratios)} cells"
+        )
+        lines.append(
+            f"vllm chain / best plan: geometric mean {geometric_mean(best_ratios):.2f}x, "
+            f"min {min(best_ratios):.2f}x over {len(best_ratios)} cells"
         )
     return "\n".join(lines) + "\n"
 

@@ -34,14 +34,22 @@ def core_problem(batch: int, tokens: int, HV: int, state_dtype: str, *, H: int =
 
 def core_bytes(problem: PackedProblem, conv_width: int) -> int:
     """The least bytes a core call moves: the recurrent states read and written (every token's
-    at T > 1), the pre-conv rows, z and the output, and the conv state's window read and its new
-    columns written."""
+    at T > 1), the pre-conv rows and the output, and :func:`steps_bytes`."""
     B, T, H, HV, K, V = (problem.sequences, problem.tokens, problem.H, problem.HV, problem.K,
                          problem.V)  # fmt: skip
     channels = 2 * H * K + HV * V
     state = B * HV * K * V * TORCH_DTYPES[problem.state_dtype].itemsize
+    return state * (1 + T) + B * T * (channels + HV * V) * 2 + steps_bytes(problem, conv_width)
+
+
+def steps_bytes(problem: PackedProblem, conv_width: int) -> int:
+    """The bytes the conv and the norm add to the recurrence's: the conv state's window read
+    and its new columns written, and z read."""
+    B, T, H, HV, K, V = (problem.sequences, problem.tokens, problem.H, problem.HV, problem.K,
+                         problem.V)  # fmt: skip
+    channels = 2 * H * K + HV * V
     conv = B * channels * 2 * (2 * (conv_width - 1) + (T - 1))
-    return state * (1 + T) + B * T * (channels + 2 * HV * V) * 2 + conv
+    return conv + B * T * HV * V * 2
 
 
 def core_inputs(problem: PackedProblem, seed: int, *, conv_width: int = 4,
