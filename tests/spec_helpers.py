@@ -121,11 +121,13 @@ def changed_code_lines(before: str, after: str) -> list[str]:
 def evidence_tables(text: str) -> dict[str, tuple[str, dict[str, tuple[str, list[str]]]]]:
     """An emitted dispatch_evidence.txt read back: per table ("TABLE", or the GPU model of a
     table in TABLES), the tuning file it names and, by each measured row's source, the row's
-    variant and evidence lines."""
+    plan (gdngen.terms.plan_name) and evidence lines. The rows a table left out are not read."""
     tables: dict = {}
     rows: dict = {}
     for line in text.splitlines():
-        if line.startswith(("TABLE: ", "TABLES[")):
+        if line.startswith("Measured, and left out of "):
+            rows = {}  # not the table's
+        elif line.startswith(("TABLE: ", "TABLES[")):
             name, file = line.split(": ")
             rows = {}
             tables["TABLE" if name == "TABLE" else name.split('"')[1]] = (file, rows)

@@ -415,3 +415,22 @@ def test_the_core_check_passes_the_reference_and_fails_a_wrong_call(tokens):
     assert check.error(reference) < CORE_CHECK_TOL
     assert check.error(lambda **kw: reference(1.1, **kw)) > 0.05
     assert torch.equal(pool, before) and torch.equal(conv_pool, conv_before)
+
+
+def test_the_evidence_names_each_rules_plan_and_the_rules_left_out():
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "generated/h200/dispatch_evidence.txt").read_text()
+    # a measured core rule's row names its plan, as the tuning file does
+    assert any(
+        line.startswith("t:kl/fp32/K128V128/core/T1/") and "  steps:kl_fp32_" in line
+        for line in text.splitlines()
+    )
+    # the H200's bf16 T = 1 rules from B*HV 8192 are behind the held rule (B*HV >= 1024, no
+    # PDL): listed as left out, not as rows of the table
+    table = text.split("TABLES[")[0]
+    rows, left = table.split("Measured, and left out of TABLE")
+    left_out = [line.split()[0] for line in left.splitlines() if line.startswith("t:")]
+    assert left_out and all(s.startswith("t:kl/bf16/K128V128/core/T1/bh") for s in left_out)
+    assert all(int(s.split("/bh")[1].split("-")[0]) >= 1024 for s in left_out)
+    assert not any(f"\n{s}  " in rows for s in left_out)

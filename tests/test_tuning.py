@@ -214,7 +214,8 @@ def test_rows_pick_the_fastest_and_split_at_geometric_midpoints(spec):
     # the figures are the evidence's, a line per point
     evidence = _evidence(spec, _tuning(spec))
     assert list(evidence) == [r.source for r in rules]
-    at_2048, at_4096 = evidence[t1[1].source]
+    plan, at_2048, at_4096 = evidence[t1[1].source]
+    assert plan == LARGE_V  # the rule's plan first: a plain rule's is its variant
     assert at_2048.startswith("B*HV=2048: ") and "next " + SMALL_V in at_2048
     assert at_4096.startswith("B*HV=4096: ")
     # the tuning times the recurrence alone: calls with the gated RMSNorm go to the spec's rules
@@ -291,7 +292,8 @@ def test_a_cell_its_point_pick_leaves_over_3_percent_behind_gets_a_rule_for_its_
         ((725, None), None, LARGE_V),
     ]
     assert t1[0].source == "t:kl/bf16/K128V128/update/T1/bh256/hv64"
-    (why,) = _evidence(spec, _tuning(spec, cells=cells + shared))[t1[0].source]
+    plan, why = _evidence(spec, _tuning(spec, cells=cells + shared))[t1[0].source]
+    assert plan == LARGE_V
     assert why == f"HV=64 B=4: 10.00 us, where the B*HV=256 pick {SMALL_V} is +6.0% off"
 
     def pick(heads):
@@ -333,7 +335,8 @@ def test_neighbouring_hvs_that_leave_the_point_for_one_variant_share_a_rule_over
         ((1, None), None, SMALL_V),
     ]
     assert rules[0].source == "t:kl/bf16/K128V128/update/T1/bh256/hv4-16"
-    hv4, hv16 = _evidence(spec, _tuning(spec, cells=cells + shared()))[rules[0].source]
+    plan, hv4, hv16 = _evidence(spec, _tuning(spec, cells=cells + shared()))[rules[0].source]
+    assert plan == LARGE_V
     assert hv4.startswith("HV=4 B=64: 10.00 us") and hv16.startswith("HV=16 B=16: 10.00 us")
 
     def pick(rules, heads):
@@ -840,19 +843,20 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
             gated_norm=core, conv1d=core, per_token_slots=core and cell.tokens > 1,
             packed=core,
         )  # fmt: skip
-        if core and not rule.pdl:
-            # the spec's rule that holds PDL off goes first (docs/design.md, "Tuning the decode
-            # core"): a configuration the tune does not time
-            assert rule.source.startswith("spec["), rule
+        if core and rule.source.startswith("spec["):
+            # the spec's rule that holds PDL off goes first where the cells did not time its
+            # plan without PDL (docs/design.md, "Tuning the decode core")
+            assert not rule.pdl, rule
+            assert plan_name(rule.use, False, pdl=False) not in cell.times_us, (rule, cell)
             continue
         # a measured rule of this file, whose source names the cell's point (and HV)
-        assert why[rule.source][0] == rule.use, rule
+        picked = plan_name(rule.use, rule.split_conv, rule.split_norm, rule.pdl)
+        assert why[rule.source][0] == picked, rule
         assert _names_the_cell(rule.source, cell, dims), (rule.source, cell)
         mean = {}
         for name in set.intersection(*(set(times) for times in cell.timings)):
             gaps = [times[name] / min(times.values()) - 1 for times in cell.timings]
             mean[name] = sum(gaps) / len(gaps)
-        picked = plan_name(rule.use, rule.split_conv, rule.split_norm) if core else rule.use
         assert mean[picked] <= min(mean.values()) + CELL_TOLERANCE, (cell, picked)
 
 

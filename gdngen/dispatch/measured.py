@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from gdngen.terms import LAYOUT_PREFIX, plan_parts
+from gdngen.terms import LAYOUT_PREFIX, plan_name, plan_parts
 
 from .rules import Range, Rule
 
@@ -372,11 +372,17 @@ def measured_evidence(
     max_tokens: int,
     head_dims: tuple[int, int],
 ) -> dict[str, list[str]]:
-    """Why each of :func:`measured_rules` picks its variant, by its ``source``: a line per
-    measured point behind it (time, gaps, runner-up; :meth:`Verdict.evidence`), or per cell for
+    """Why each of :func:`measured_rules` picks its variant, by its ``source``: the plan it
+    runs (:func:`rule_plan`), then a line per measured point behind it (time, gaps, runner-up; :meth:`Verdict.evidence`), or per cell for
     a rule of some HVs."""
     explained = [
         *_explained_core_rules(cells, head_dims),
         *_explained_rules(cells, pairs, max_tokens, head_dims),
     ]
-    return {rule.source: evidence for rule, evidence in explained}
+    return {rule.source: [rule_plan(rule), *evidence] for rule, evidence in explained}
+
+
+def rule_plan(rule: Rule) -> str:
+    """What a measured rule runs, as the tuning file names the plan (gdngen.terms.plan_name):
+    its variant, ``split:``/``steps:`` where it splits steps off, ``nopdl:`` without PDL."""
+    return plan_name(rule.use, rule.split_conv, rule.split_norm, rule.pdl)

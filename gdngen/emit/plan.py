@@ -429,10 +429,14 @@ def dispatch_files(
     evidence = []  # per table with measured rows: the rows' sources, variants and evidence
     for key, tuning, rules in tables:
         why = dispatch_evidence(spec, tuning) if tuning else {}
-        rows = [(rule.source, rule.use, why[rule.source]) for rule in rules if rule.source in why]
+        kept = [rule.source for rule in rules if rule.source in why]
+        rows = [(source, *why[source][:1], why[source][1:]) for source in kept]
+        # measured rules that rules before them serve every call of first (a held rule)
+        left_out = [(source, why[source][0]) for source in why if source not in kept]
         if rows:
             name = "TABLE" if key == "TABLE" else f"TABLES[{json.dumps(key)}]"
-            evidence.append({"key": key, "name": name, "file": tuning.name, "rows": rows})
+            evidence.append({"key": key, "name": name, "file": tuning.name, "rows": rows,
+                             "left_out": left_out})  # fmt: skip
     layout = RowFormat.for_spec(
         (spec.variant_name(v) for v in spec.variants), spec.features.max_tokens
     )
@@ -487,8 +491,8 @@ def _measured_by_head_dims(
 
 
 def dispatch_evidence(spec: Spec, measured: Measured) -> dict[str, list[str]]:
-    """Why each measured rule of :func:`dispatch_rules` picks its variant, by its ``source``
-    (gdngen.dispatch.measured_evidence)."""
+    """Why each measured rule of :func:`dispatch_rules` picks its plan, by its ``source``: the
+    plan, then the evidence lines (gdngen.dispatch.measured_evidence)."""
     evidence = {}
     for cells, pairs, dims in _measured_by_head_dims(spec, measured):
         evidence.update(measured_evidence(cells, pairs, spec.features.max_tokens, dims))
