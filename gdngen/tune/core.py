@@ -10,10 +10,10 @@ the variant this GPU's dispatch gives the cell's bare recurrence (``steps:<varia
 step, the variant, the norm step; docs/design.md, "The norm step apart"); and where the spec
 holds PDL off for the cell's calls (a ``pdl: false`` rule), that rule's plan launched without
 PDL (``nopdl:<plan>``), so that the cell ranks it against the plans with PDL. As in the plain
-tune, every plan is checked
-against the float64 reference before it is timed, all are timed side by side over the same
-rotating input sets, and twice (:func:`gdngen.tune.run.settle`). The cells join the tuning file
-with ``mode: core``; emit turns them into the GPU model's rules for such calls.
+tune, every plan is checked against the float64 reference before it is timed, all are timed
+side by side over the same rotating input sets, and twice (:func:`gdngen.tune.run.settle`).
+The cells join the tuning file with ``mode: core``; emit turns them into the GPU model's rules
+for such calls.
 """
 
 from __future__ import annotations
