@@ -201,12 +201,14 @@ def test_the_split_launch_hands_each_kernel_its_arguments(pdl):
 def test_each_split_rule_names_the_variant_the_norm_alone_takes():
     # The spec's split rules were set from the core bench (split_conv_call), which times the
     # variant the dispatch picks for the call without the prologue; a spec split rule naming
-    # another would ship untimed. (A measured core rule names the plan its tune timed.)
-    import generated.h200 as h200
+    # another would ship untimed. They serve a GPU model without measured core cells (the
+    # emitted tables' measured core rules serve these calls first: each names the plan its
+    # tune timed), so they are checked in the spec's own table.
+    from gdngen.emit.plan import dispatch_rules
 
-    for table in (h200.dispatch.TABLE, *h200.dispatch.TABLES.values()):
+    for table in (dispatch_rules(load_spec(SPEC_PATH)),):
         split = [rule for rule in table if rule.split_conv and rule.source.startswith("spec[")]
-        assert split, "the H100/H200 tables have split rules"
+        assert split, "the spec has split rules"
         for rule in split:
             for tokens in range(rule.tokens.lo, rule.tokens.hi + 1):
                 for batch_heads in {
@@ -224,12 +226,16 @@ def test_warmup_keys_of_a_conv1d_form_hold_both_plans_kernels():
     # warmup and build compile what the dispatch can pick: a split rule's conv step and its
     # variant without the prologue, beside the fused rules' kernels with it.
     import generated.h200 as h200
+    from gdngen.emit.plan import dispatch_rules
     from gdngen.runtime.forms import Form, compile_keys
+    from gdngen.runtime.norm_step import norm_step_key, without_norm
 
     geometry = [g for g in h200.INFO.geometries if g.name == "qwen3.5"]
     form = Form(mode="update", index_dtype="int32", null_slot=0, norm_activation="silu",
                 conv_width=4)  # fmt: skip
-    keys = compile_keys([h200.dispatch.TABLE], arch="sm_90a", geometries=geometry,
+    # the spec's own table: fp32 at T = 1 fused, then the split plan from B*HV 512
+    static = dispatch_rules(load_spec(SPEC_PATH))
+    keys = compile_keys([static], arch="sm_90a", geometries=geometry,
                         pairs=[("k_last", "fp32")], max_tokens=1, forms=[form])  # fmt: skip
     fused = form.key("kl_fp32_tv64_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
     split = form.key("kl_fp32_tv32_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
@@ -237,6 +243,14 @@ def test_warmup_keys_of_a_conv1d_form_hold_both_plans_kernels():
     # the conv step for either conv state, moved in vectors or not
     assert {conv_step_key(split, "conv_step_sm90", c) for c in (True, False)} <= set(keys)
     assert without_prologue(split) in keys and split not in keys
+    # the H200's measured table: the steps plan from B*HV 182 (a head over 16 CTAs between the
+    # conv step and the norm step), both steps and the bare variant
+    keys = compile_keys([h200.dispatch.TABLE], arch="sm_90a", geometries=geometry,
+                        pairs=[("k_last", "fp32")], max_tokens=1, forms=[form])  # fmt: skip
+    bare = form.key("kl_fp32_tv8_ilp8_vec4_tpg32_sm90", "sm_90a", 1, geometry[0], "fp32")
+    assert without_norm(without_prologue(bare)) in keys and bare not in keys
+    assert norm_step_key(bare, "norm_step_sm90") in keys
+    assert conv_step_key(bare, "conv_step_sm90", True) in keys
     # without the prologue (the norm alone): no conv step
     norm_only = dataclasses.replace(form, conv_width=None)
     keys = compile_keys([h200.dispatch.TABLE], arch="sm_90a", geometries=geometry,
@@ -266,7 +280,11 @@ def test_a_spec_build_section_may_build_the_fused_core_forms():
     dump = spec.model_dump()
     dump["build"].update(fused=("core",), modes=("update",), geometries=("qwen3.5",))
     keys = target_keys(spec.model_validate(dump), h200)
-    assert keys and all(k.norm_activation == "silu" for k in keys if k.variant != "conv_step_sm90")
+    # every kernel takes the norm but a steps plan's bare variant, whose norm step is built too
+    steps_kernels = ("conv_step_sm90", "norm_step_sm90")
+    bare = [k for k in keys if k.variant not in steps_kernels and k.norm_activation is None]
+    assert keys and all(k.conv_width is None for k in bare)
+    assert bare and any(k.variant == "norm_step_sm90" for k in keys)
     # fp32 from B*HV = 512 splits the conv off: the step and the variant without the prologue
     steps = [k for k in keys if k.variant == "conv_step_sm90"]
     assert steps and all(k.conv_width == 4 for k in steps)
