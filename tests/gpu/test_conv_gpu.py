@@ -199,14 +199,16 @@ def test_full_core_as_separate_steps(layout, state_dtype, tokens, monkeypatch):
     run_and_check(case)
 
 
-def _core_rule_variants():
+def _core_rule_variants(steps: bool = False):
     """Every kernel a rule for fused-core calls (the norm, and the conv1d prologue or either)
-    names, K = 128, in any GPU model's table."""
+    names, K = 128, in any GPU model's table: those of rules that fuse the norm, or (``steps``)
+    the bare variants of steps-plan rules (split_norm), which have no epilogue of their own."""
     tables = (h200.dispatch.TABLE, *h200.dispatch.TABLES.values())
     return sorted(
         {
             rule.use for table in tables for rule in table
             if rule.gated_norm and rule.conv1d is not False and rule.head_dims in (None, (128, 128))
+            and rule.split_norm == steps
         }
     )  # fmt: skip
 
@@ -221,6 +223,19 @@ def test_every_core_rule_variant(name):
         conv_layout="channels_last", seed=11,
     )  # fmt: skip
     run_and_check(case, call=pinned(name))
+
+
+@pytest.mark.parametrize("name", _core_rule_variants(steps=True))
+def test_every_steps_rule_variant(name, monkeypatch):
+    # A steps-plan rule's bare variant between the conv step and the norm step (the plan its
+    # rule runs); runs once under each plan fixture.
+    monkeypatch.setattr(sys.modules[__name__], "PLAN", "steps")
+    module = h200.variant(name).module(name)
+    case = make_case(
+        B=5, T=2, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE, slots=12, padded=(3,),
+        conv_layout="channels_last", seed=12,
+    )  # fmt: skip
+    run_and_check(case, call=h200.variant(name, split_conv=True, split_norm=True))
 
 
 # (kernel, H, HV): a key head's q/k conv state is read by (HV / H) * (V / tile_v) CTAs, which

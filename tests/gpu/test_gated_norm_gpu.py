@@ -114,10 +114,12 @@ def test_other_head_dims(layout, state_dtype, head_dim):
     run_norm_and_check(h200.gdn_decode, problem)
 
 
-def _norm_variants():
+def _norm_variants(split_norm: bool = False):
+    """The variants the norm rules name: those that fuse the norm, or (``split_norm``) the bare
+    variants of steps-plan rules, which have no epilogue of their own."""
     names = {
         rule.use for table in (h200.dispatch.TABLE, *h200.dispatch.TABLES.values()) for rule in table
-        if rule.gated_norm
+        if rule.gated_norm and rule.split_norm == split_norm
     }  # fmt: skip
     return sorted(names)
 
@@ -149,6 +151,17 @@ def test_the_norm_split_plan(layout, state_dtype, tokens, batch):
     run_norm_and_check(
         call, problem, norm_split=True, activation="sigmoid" if tokens > 1 else "silu"
     )
+
+
+@pytest.mark.parametrize("name", _norm_variants(split_norm=True))
+def test_every_norm_split_rule_variant(name):
+    # a steps-plan rule's bare variant, then the norm step: the plan its rule runs
+    module = h200.variant(name).module(name)
+    problem = Problem(
+        batch=4, tokens=3, HV=32, layout=module.LAYOUT, state_dtype=module.STATE_DTYPE,
+        pool_size=9, padded_rows=(2,), seed=8,
+    )  # fmt: skip
+    run_norm_and_check(h200.variant(name, split_norm=True), problem, norm_split=True)
 
 
 @pytest.mark.parametrize(
