@@ -21,6 +21,15 @@ Intermediate = Literal["any", "yes", "no"]
 NORM_ACTIVATIONS = ("silu", "sigmoid")
 #: the conv1d prologue's activations ("identity": none)
 CONV_ACTIVATIONS = ("silu", "identity")
+
+
+def require_activation(argument: str, value: str, allowed: tuple[str, ...]) -> None:
+    """ValueError naming ``argument`` unless ``value`` is one of ``allowed`` (the launchers'
+    trace-time check of an activation the checks have not seen, as in an ahead-of-time build)."""
+    if value not in allowed:
+        raise ValueError(f"{argument}: expected one of {allowed}; got {value!r}")
+
+
 #: the most CTAs a thread-block cluster may have on every SM target without a non-portable
 #: opt-in: the gated RMSNorm epilogue's CTAs of one head form a cluster (gdngen.device.norm)
 PORTABLE_CLUSTER = 8

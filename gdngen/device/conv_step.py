@@ -33,11 +33,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32, Int32, Int64
 
-from gdngen.terms import CONV_ACTIVATIONS
+from gdngen.terms import CONV_ACTIVATIONS, require_activation
 
 from .conv import _new_column, _token, conv_token, new_columns
 from .pdl import wait_at_start, wait_for_producer
-from .rows import conv_slots, row_slots, row_span, row_tokens
+from .rows import conv_slots, kernel_rows, row_slots, row_span, row_tokens
 
 #: threads a CTA of the step aims at (whole heads: a head's channels are never split)
 CTA_THREADS = 128
@@ -169,13 +169,8 @@ def conv_step_launcher(*, name: str):
         launch_pdl: Int32,
         stream,
     ):
-        if cutlass.const_expr(conv_activation not in CONV_ACTIVATIONS):
-            raise ValueError(
-                f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
-            )
-        rows = q.shape[0]
-        if cutlass.const_expr(cu_seqlens is not None):
-            rows = cu_seqlens.shape[0] - 1
+        require_activation("conv_activation", conv_activation, CONV_ACTIVATIONS)
+        rows = kernel_rows(q.shape[0], cu_seqlens)
         H, HV, K, V = q.shape[2], v.shape[2], q.shape[3], v.shape[3]
         # A channels-first pool's VEC channels of a column are VEC strided elements: a thread
         # a channel keeps a warp's accesses to one column contiguous (VEC of them per thread

@@ -17,7 +17,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32, Int32
 
-from gdngen.terms import CONV_ACTIVATIONS, NORM_ACTIVATIONS, PORTABLE_CLUSTER
+from gdngen.terms import (
+    CONV_ACTIVATIONS,
+    NORM_ACTIVATIONS,
+    PORTABLE_CLUSTER,
+    require_activation,
+)
+
+from .rows import kernel_rows
 
 
 @dataclass(frozen=True)
@@ -101,19 +108,13 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
                     f"{name} has no gated RMSNorm epilogue for V={head_v_dim}: the epilogue "
                     f"needs the stepwise solve and at most {PORTABLE_CLUSTER} CTAs a head"
                 )
-            if cutlass.const_expr(norm_activation not in NORM_ACTIVATIONS):
-                raise ValueError(
-                    f"norm_activation: expected one of {NORM_ACTIVATIONS}; got {norm_activation!r}"
-                )
+            require_activation("norm_activation", norm_activation, NORM_ACTIVATIONS)
         if cutlass.const_expr(conv_state is not None):
             if cutlass.const_expr(not gated_norm):
                 raise ValueError(
                     f"{name} has no conv1d prologue: the prologue needs the stepwise solve"
                 )
-            if cutlass.const_expr(conv_activation not in CONV_ACTIVATIONS):
-                raise ValueError(
-                    f"conv_activation: expected one of {CONV_ACTIVATIONS}; got {conv_activation!r}"
-                )
+            require_activation("conv_activation", conv_activation, CONV_ACTIVATIONS)
         kernel = decode_kernel(
             q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots, num_accepted, cu_seqlens,
             cache_rows, accepted_steps, out, cache, scale, T, use_qk_l2norm, write_final_state,
@@ -122,10 +123,7 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
             norm_activation, conv_state, conv_weight, conv_bias, conv_arrivals, conv_windows,
             conv_activation, pdl,
         )  # fmt: skip
-        rows = q.shape[0]
-        if cutlass.const_expr(cu_seqlens is not None):
-            rows = cu_seqlens.shape[0] - 1
-        grid = (head_v_dim // tile_v, num_v_heads, rows)
+        grid = (head_v_dim // tile_v, num_v_heads, kernel_rows(q.shape[0], cu_seqlens))
         # The PDL attribute is the call's (gdngen.runtime.pdl); a kernel without the wait never
         # takes it.
         overlap = launch_pdl if cutlass.const_expr(pdl) else False

@@ -26,12 +26,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Constexpr, Float32, Int32, Int64
 
-from gdngen.terms import NORM_ACTIVATIONS
+from gdngen.terms import NORM_ACTIVATIONS, require_activation
 
 from .lanes import WARP, butterfly_offsets
 from .norm import activate
 from .pdl import wait_at_start, wait_for_producer
-from .rows import row_tokens
+from .rows import kernel_rows, row_tokens
 
 #: threads a CTA of the step aims at (whole heads)
 CTA_THREADS = 128
@@ -126,13 +126,8 @@ def norm_step_launcher(*, name: str):
         launch_pdl: Int32,
         stream,
     ):
-        if cutlass.const_expr(norm_activation not in NORM_ACTIVATIONS):
-            raise ValueError(
-                f"norm_activation: expected one of {NORM_ACTIVATIONS}; got {norm_activation!r}"
-            )
-        rows = out.shape[0]
-        if cutlass.const_expr(cu_seqlens is not None):
-            rows = cu_seqlens.shape[0] - 1
+        require_activation("norm_activation", norm_activation, NORM_ACTIVATIONS)
+        rows = kernel_rows(out.shape[0], cu_seqlens)
         HV, V = out.shape[2], out.shape[3]
         lanes, E = head_lanes(out.element_type.width // 8, V)
         per_cta = heads_per_cta(HV, lanes)

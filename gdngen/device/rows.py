@@ -81,6 +81,12 @@ def row_tokens(n64, T: int, cu_seqlens, total_tokens, uniform: bool = False):
     return Int64(0), token_at, token_live, length <= Int64(T)
 
 
+def kernel_rows(dense_rows, cu_seqlens):
+    """The rows a launch's grid covers: a packed call's sequences (cu_seqlens holds one more
+    offset than there are), else ``dense_rows`` (dim 0 of the call's tensors)."""
+    return dense_rows if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
 def row_span(n64, T: int, cu_seqlens):
     """``(first, length)``: where the row's tokens start along dim 1 and how many there are;
     plain ints (0, T) for a dense row."""
