@@ -408,13 +408,40 @@ def test_the_core_check_passes_the_reference_and_fails_a_wrong_call(tokens):
             dict(kwargs, initial_state=pool.clone(), conv_state=conv_pool.clone()),
             kwargs["z"], kwargs["norm_weight"], H=problem.H, K=problem.K, eps=EPS,
         )  # fmt: skip
-        kwargs["output"].copy_(ref.output * factor)
+        kwargs["output"].copy_((ref.output * factor).view(kwargs["output"].shape))
         pool.copy_(ref.pool)
         conv_pool.copy_(ref.conv_pool)
 
     assert check.error(reference) < CORE_CHECK_TOL
     assert check.error(lambda **kw: reference(1.1, **kw)) > 0.05
     assert torch.equal(pool, before) and torch.equal(conv_pool, conv_before)
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_a_decode_cell_calls_in_vllms_all_decode_form(tokens):
+    # vLLM's decode chain takes one token a row with no cu_seqlens; a cell calls gdn_decode so,
+    # on views of the set's packed tensors, and the reference reads both forms alike.
+    from gdngen.measure.core_cell import EPS, core_kwargs
+    from gdngen.reference.core import reference_core_call
+
+    problem, s = _cpu_core_set(tokens)
+    kwargs = core_kwargs(s)
+    if tokens > 1:  # verify: the packed form as it is
+        assert kwargs["mixed_qkv"] is s["args"]["mixed_qkv"] and "cu_seqlens" in kwargs
+        return
+    assert "cu_seqlens" not in kwargs and "max_seqlen" not in kwargs
+    assert kwargs["mixed_qkv"].shape == (5, s["args"]["mixed_qkv"].shape[-1])
+    assert kwargs["z"].shape == (5, 4, 16) and kwargs["output"].shape == (5, 4, 16)
+    assert kwargs["output"].data_ptr() == s["output"].data_ptr()
+    packed = dict(s["args"], conv_state=s["conv_state"], conv_weight=s["conv_weight"],
+                  conv_bias=s["conv_bias"])  # fmt: skip
+
+    def reference(args, z):
+        return reference_core_call(args, z, s["norm_weight"], H=2, K=16, eps=EPS)
+
+    dense, packed = reference(kwargs, kwargs["z"]), reference(packed, s["z"])
+    assert torch.equal(dense.output, packed.output) and torch.equal(dense.pool, packed.pool)
+    assert torch.equal(dense.conv_pool, packed.conv_pool)
 
 
 def test_the_evidence_names_each_rules_plan_and_the_rules_left_out():

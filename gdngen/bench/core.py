@@ -2,7 +2,8 @@
 (docs/design.md, "The fused decode core" and "Measuring").
 
 Per cell (state dtype, HV, T, B), side by side in one process (gdngen.measure.timing), in vLLM's
-call forms on a K-last pool: T = 1 is decode (``[B]`` slots, one token a request); T > 1 is
+call forms on a K-last pool: T = 1 is decode (``[B]`` slots, one token a request, the rows
+``[B, D]`` without ``cu_seqlens``: gdngen.measure.core_cell.call_form); T > 1 is
 speculative verify (a ``[B, T]`` per-token slot table with ``num_accepted_tokens``, the tokens
 packed with ``cu_seqlens``), whose every token's state is written to its slot.
 
@@ -55,7 +56,7 @@ from gdngen.measure.impls import FlashInfer
 from gdngen.measure.summary import geometric_mean, relative_error
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.measure.vllm_kernels import SOURCE_ENV, VllmKernels, vllm_kernels
-from gdngen.measure.core_cell import CONV_LAYOUTS, core_problem, steps_bytes
+from gdngen.measure.core_cell import CONV_LAYOUTS, call_form, core_problem, steps_bytes
 from gdngen.measure.core_cell import core_inputs as cell_inputs
 from gdngen.problem import TORCH_DTYPES, PackedProblem, Problem
 
@@ -129,40 +130,45 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
         y = conv_step(x.view(batch, tokens, -1), s["fla_cache"], s["conv_weight"], s["conv_bias"])
         return y.view(x.shape)
 
-    def with_rows(s, rows):
-        return dict(s["args"], mixed_qkv=rows)
+    def kwargs(s, rows, *, with_conv=False, norm=False):
+        """gdn_decode's keywords on the rows, with the conv's and the norm's, in the cell's
+        call form (gdngen.measure.core_cell.call_form)."""
+        chosen = dict(s["args"], mixed_qkv=rows, output=s["output"])
+        if with_conv:
+            chosen.update(conv_kwargs(s))
+        if norm:
+            chosen.update(norm_kwargs(s))
+        return call_form(chosen)
+
+    def core(s):
+        return kwargs(s, s["args"]["mixed_qkv"], with_conv=True, norm=True)
 
     def fused(s):
-        call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
-             output=s["output"])  # fmt: skip
+        call(**core(s))
 
     split_call = target.split_conv_call()
 
     def split(s):
-        split_call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
-                   output=s["output"])  # fmt: skip
+        split_call(**core(s))
 
     steps_call = target.split_steps_call()
 
     def steps(s):
-        steps_call(**with_rows(s, s["args"]["mixed_qkv"]), **conv_kwargs(s), **norm_kwargs(s),
-                   output=s["output"])  # fmt: skip
+        steps_call(**core(s))
 
     def conv_fused_rest(s):
-        call(**with_rows(s, convolved(s)), **norm_kwargs(s), output=s["output"])
+        call(**kwargs(s, convolved(s), norm=True))
 
     def chain(s):
-        call(**with_rows(s, convolved(s)), output=s["output"])
+        call(**kwargs(s, convolved(s)))
         return norm_step(s["output"], s["z"], s["norm_weight"])
 
     def recurrence(s):
-        call(**with_rows(s, s["args"]["mixed_qkv"]), output=s["output"])
+        call(**kwargs(s, s["args"]["mixed_qkv"]))
 
     first = sets[0]
-    variant = call.prepare(**with_rows(first, first["args"]["mixed_qkv"]), **conv_kwargs(first),
-                           **norm_kwargs(first), output=first["output"])  # fmt: skip
-    plain_variant = call.prepare(**with_rows(first, first["args"]["mixed_qkv"]),
-                                 output=first["output"])  # fmt: skip
+    variant = call.prepare(**core(first))
+    plain_variant = call.prepare(**kwargs(first, first["args"]["mixed_qkv"]))
     error = check_fused(first, fused, chain, conv)
     vllm_runs = vllm_chains(vllm, problem, conv)
     vllm_errors = (
@@ -171,16 +177,10 @@ def run_cell(target, steps, flashinfer, vllm: VllmKernels | str, *, batch, token
     runs = {"fused core": [lambda s=s: fused(s) for s in sets]}
     split_variant = steps_variant = None
     if conv:
-        split_variant = split_call.prepare(
-            **with_rows(first, first["args"]["mixed_qkv"]), **conv_kwargs(first),
-            **norm_kwargs(first), output=first["output"],
-        )  # fmt: skip
+        split_variant = split_call.prepare(**core(first))
         error = max(error, check_fused(first, split, chain, conv))
         runs["split plan"] = [lambda s=s: split(s) for s in sets]
-        steps_variant = steps_call.prepare(
-            **with_rows(first, first["args"]["mixed_qkv"]), **conv_kwargs(first),
-            **norm_kwargs(first), output=first["output"],
-        )  # fmt: skip
+        steps_variant = steps_call.prepare(**core(first))
         error = max(error, check_fused(first, steps, chain, conv))
         runs["steps plan"] = [lambda s=s: steps(s) for s in sets]
         runs["conv, fused rest"] = [lambda s=s: conv_fused_rest(s) for s in sets]

@@ -3,10 +3,13 @@ call forms, its inputs, its least bytes and its check against the float64 refere
 bench (gdngen.bench.core) and the core tune (gdngen.tune.core) build their calls here, so that
 what the tune ranks is what the bench times.
 
-T = 1 is decode (``[B]`` slots, one token a request); T > 1 is speculative verify (a ``[B, T]``
-per-token slot table with ``num_accepted_tokens``, the tokens packed with ``cu_seqlens``), whose
-every token's state is written to its slot. The rows are one pre-conv ``mixed_qkv`` projection;
-slot 0 is vLLM's null slot.
+T = 1 is decode (``[B]`` slots, one token a request: the call takes the rows as ``[B, D]``
+with no ``cu_seqlens``, as vLLM's conv update and packed-decode recurrence take its all-decode
+batch); T > 1 is speculative verify (a ``[B, T]`` per-token slot table with
+``num_accepted_tokens``, the tokens packed with ``cu_seqlens``), whose every token's state is
+written to its slot. The rows are one pre-conv ``mixed_qkv`` projection; slot 0 is vLLM's null
+slot. A set keeps every cell's tensors in the packed form (``[1, B * T, ...]`` with
+``cu_seqlens``), which the reference reads; :func:`call_form` gives the call its views.
 """
 
 from __future__ import annotations
@@ -91,12 +94,30 @@ def core_inputs(problem: PackedProblem, seed: int, *, conv_width: int = 4,
 
 
 def core_kwargs(s: dict) -> dict:
-    """The set's fused-core call: every keyword of ``gdn_decode``."""
-    return dict(
-        s["args"], conv_state=s["conv_state"], conv_weight=s["conv_weight"],
-        conv_bias=s["conv_bias"], z=s["z"], norm_weight=s["norm_weight"], norm_eps=EPS,
-        output=s["output"],
-    )  # fmt: skip
+    """The set's fused-core call: every keyword of ``gdn_decode``, in the cell's call form."""
+    return call_form(
+        dict(
+            s["args"], conv_state=s["conv_state"], conv_weight=s["conv_weight"],
+            conv_bias=s["conv_bias"], z=s["z"], norm_weight=s["norm_weight"], norm_eps=EPS,
+            output=s["output"],
+        )  # fmt: skip
+    )
+
+
+def call_form(kwargs: dict) -> dict:
+    """``gdn_decode``'s keywords of a set's call in the cell's engine form: at T = 1 vLLM's
+    all-decode form, the rows ``[B, D]`` (z and the output ``[B, HV, V]``) without
+    ``cu_seqlens``, views of the set's packed tensors; a verify cell's as they are. A packed
+    call places each row's token from ``cu_seqlens``, so its loads wait for that load: 14% of
+    the bf16 recurrence's time at HV 64, B 512 on an H200
+    (docs/perf/h200-2026-11-28-decode-form.md), which vLLM's decode chain does not pay."""
+    if kwargs.get("max_seqlen") != 1 or kwargs.get("num_accepted_tokens") is not None:
+        return kwargs
+    dense = {k: v for k, v in kwargs.items() if k not in ("cu_seqlens", "max_seqlen")}
+    for name in ("mixed_qkv", "z", "output"):
+        if dense.get(name) is not None:
+            dense[name] = dense[name][0]
+    return dense
 
 
 def _relative(got: torch.Tensor, ref: torch.Tensor) -> float:

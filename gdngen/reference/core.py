@@ -108,7 +108,9 @@ def reference_core_call(
 ) -> CoreCall:
     """A fused-core ``gdn_decode`` call in an engine's packed form, from its keyword ``args``
     (``mixed_qkv [1, tokens, 2*H*K + HV*V]`` before the conv, ``cu_seqlens``, ``conv_state``,
-    ``conv_weight``, ``conv_bias``, the pool and its slots), with ``z [1, tokens, HV, V]``.
+    ``conv_weight``, ``conv_bias``, the pool and its slots), with ``z [1, tokens, HV, V]``; or in
+    the dense form, without ``cu_seqlens``: ``mixed_qkv [B, D]`` (one token a row) or
+    ``[B, T, D]``, z with the same leading dims. The output is ``[1, tokens, HV, V]`` either way.
 
     Slots are ``[N]`` row slots, or vLLM's ``[N, 1 + S]`` per-token table with
     ``num_accepted_tokens``, whose conv slot is the table's column 0 and whose window starts at
@@ -124,7 +126,11 @@ def reference_core_call(
     per_token = table.dim() == 2
     accepted = args.get("num_accepted_tokens")
     accepted = None if accepted is None else accepted.long()
-    cu = args["cu_seqlens"].long().tolist()
+    if args.get("cu_seqlens") is None:  # dense rows: row n's T tokens are [n * T, (n + 1) * T)
+        T = mixed.shape[1] if mixed.dim() == 3 else 1
+        cu = list(range(0, table.shape[0] * T + 1, T))
+    else:
+        cu = args["cu_seqlens"].long().tolist()
     null_slot = args.get("null_slot", -1)
     chosen = range(len(cu) - 1) if sequences is None else sorted(set(sequences))
     convolved = torch.zeros(x.shape, dtype=torch.float64, device=x.device)

@@ -55,13 +55,14 @@ def core_plans(spec: Spec, layout: str, state_dtype: str) -> list[str]:
 
 
 def _call_shape(problem, core: bool) -> dict:
-    """What dispatch sees of a core cell's call (vLLM's packed forms: a per-token table at
-    T > 1), with the conv and the norm (``core``) or without."""
+    """What dispatch sees of a core cell's call (vLLM's forms: dense rows at T = 1, packed
+    tokens and a per-token table at T > 1), with the conv and the norm (``core``) or
+    without."""
     T = problem.tokens
     return dict(
         layout=problem.layout, state_dtype=problem.state_dtype, tokens=T,
         batch_heads=problem.sequences * problem.HV, intermediate=T > 1,
-        head_dims=(problem.K, problem.V), heads=problem.HV, packed=True, per_token_slots=T > 1,
+        head_dims=(problem.K, problem.V), heads=problem.HV, packed=T > 1, per_token_slots=T > 1,
         gated_norm=core, conv1d=core,
     )  # fmt: skip
 
