@@ -10,7 +10,10 @@ from types import ModuleType
 from typing import Literal, NamedTuple
 
 Layout = Literal["k_last", "v_last"]
-StateDtype = Literal["bf16", "fp16", "fp32"]
+StateDtype = Literal["bf16", "fp16", "fp32", "int8"]
+#: state dtypes stored quantized, each value row with its fp32 scale in ``state_scales``
+#: (docs/design.md, "Quantized state")
+SCALED_STATE_DTYPES = ("int8",)
 #: the SM targets a spec may name; gdngen.sm has what each offers a kernel
 SmTarget = Literal["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"]
 IndexDtype = Literal["int32", "int64"]

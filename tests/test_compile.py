@@ -2,7 +2,8 @@
 
 For each variant of each target under generated/: two compile keys, the single-token decode
 (pool, int32 slots, final state written) and the deepest multi-token verify (T = max_tokens,
-int64 slots, separate write slots, intermediate states, no final write). ptxas must report no
+int64 slots, separate write slots, intermediate states, no final write; an int8 state's: every
+token's state stored through a per-token slot table). ptxas must report no
 spills and no stack (variants with launch bounds: the register cap held, small spills), a
 register count the CTA can launch with, vector state loads, and packed fp32x2 FMAs exactly in
 the variants that ask for them.
@@ -18,7 +19,7 @@ from gdngen.runtime.resources import kernel_resources
 from gdngen.spec import load_spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX
 from gdngen.sm import SM_FACTS
-from gdngen.terms import kernel_serves_head_dims
+from gdngen.terms import SCALED_STATE_DTYPES, kernel_serves_head_dims
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
@@ -47,6 +48,14 @@ def _keys(info, module):
         tokens=1, index_dtype="int32", separate_write_slots=False, cache=False,
         write_final_state=True, **common,
     )  # fmt: skip
+    if module.STATE_DTYPE in SCALED_STATE_DTYPES:
+        # No verify cache beside an int8 state: its verify form stores every token's state in
+        # the pool, through vLLM's per-token slot table (gdngen.runtime.pool_checks).
+        yield CompileKey(
+            tokens=info.max_tokens, index_dtype="int64", separate_write_slots=False, cache=False,
+            write_final_state=False, per_token_slots=True, num_accepted=True, **common,
+        )  # fmt: skip
+        return
     yield CompileKey(
         tokens=info.max_tokens, index_dtype="int64", separate_write_slots=True, cache=True,
         write_final_state=False, **common,

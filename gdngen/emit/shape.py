@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdngen.spec.model import Variant
-from gdngen.terms import LAYOUT_PREFIX
+from gdngen.terms import LAYOUT_PREFIX, SCALED_STATE_DTYPES
 
 
 def holds_state_behind_slot_table(variant: Variant) -> bool:
@@ -64,6 +64,9 @@ class KernelShape:
     holds_state_behind_slot_table: bool
     #: :func:`gates_in_token_loop_behind_slot_table`
     gates_in_token_loop_behind_slot_table: bool
+    #: the state is stored quantized with a scale per row (int8: docs/design.md, "Quantized
+    #: state"): dequantized as it is loaded, its rows' amax reduced and quantized as it is stored
+    scaled_state: bool = False
 
     @classmethod
     def of(cls, variant: Variant) -> "KernelShape":
@@ -82,6 +85,7 @@ class KernelShape:
             unroll_passes=variant.unroll_passes,
             holds_state_behind_slot_table=holds_state_behind_slot_table(variant),
             gates_in_token_loop_behind_slot_table=gates_in_token_loop_behind_slot_table(variant),
+            scaled_state=variant.state_dtype in SCALED_STATE_DTYPES,
         )
 
     @property
@@ -135,6 +139,10 @@ class KernelShape:
             parts.append("packed fp32x2 FMAs")
         if self.cache_ops:
             parts.append("the state moved by copy atoms that carry cache operators")
+        if self.scaled_state:
+            parts.append(
+                "an int8 state with a scale per row, dequantized as loaded and quantized as stored"
+            )
         return f"{state} state; " + "; ".join(parts) + "."
 
     @property
@@ -152,6 +160,7 @@ class KernelShape:
             ("gates_in_loop", self.gates_in_token_loop_behind_slot_table),
             ("unroll", self.unroll_passes),
             ("cache_ops", self.cache_ops),
+            ("scaled", self.scaled_state),
         ]
         return "_".join(
             [LAYOUT_PREFIX[self.layout], self.solve] + [token for token, on in tokens if on]

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .state_formats import store
+
 SOFTPLUS_THRESHOLD = 20.0
+#: a quantized pool's torch dtype -> its format in gdngen.reference.state_formats
+SCALED_FORMATS = {"torch.int8": "int8_row"}
 L2NORM_EPS = 1e-6
 
 
@@ -138,6 +142,8 @@ class ExpectedCall:
     output: torch.Tensor  # the kernel-form output, float64; NaN where the call writes nothing
     pool: torch.Tensor  # the whole pool after the call, in the state dtype
     cache: torch.Tensor | None  # the whole intermediate-state buffer after the call, or None
+    #: an int8 pool's scales after the call ([slots, HV, V] fp32), or None
+    scales: torch.Tensor | None = None
 
 
 def reference_call(
@@ -164,6 +170,7 @@ def reference_call(
     token_slots: torch.Tensor | None = None,
     accepted_steps: torch.Tensor | None = None,
     recovery_steps: int = 0,
+    state_scales: torch.Tensor | None = None,
 ) -> ExpectedCall:
     """Every call form of docs/design.md ("Call forms"), row by row, on the kernel-form tensors
     (q [lead, tokens, H, K], ...; the packed form has lead 1 and ``cu_seqlens``).
@@ -187,6 +194,11 @@ def reference_call(
     output nothing, the state after them goes to the write slot, and the rest are decoded from
     it with output; no final state is stored. Otherwise ``accepted_steps`` truncates the row to
     its tokens 0..accepted_steps[n]: the later ones are not run (no output, state or cache).
+
+    ``state_scales`` [slots, HV, V]: an int8 K-last pool with one fp32 scale per row
+    (docs/design.md, "Quantized state"): a state is read as ``values * scale`` and stored as
+    :func:`gdngen.reference.state_formats.store` quantizes it (``int8_row``), its scales into
+    the returned ``scales``.
     """
     K = q.shape[3]
     HV = v.shape[2]
@@ -210,9 +222,22 @@ def reference_call(
     output = torch.full(v.shape, float("nan"), dtype=torch.float64, device=q.device)
     new_pool = pool.clone()
     new_cache = None if cache is None else cache.clone()
+    new_scales = None if state_scales is None else state_scales.clone()
 
     def k_last(state):
         return state if state_layout == "k_last" else state.transpose(-1, -2)
+
+    def read_state(slot):
+        if state_scales is None:
+            return k_last(pool[slot]).double()
+        return pool[slot].double() * state_scales[slot].double()[..., None]
+
+    def write_state(slot, state):
+        if state_scales is None:
+            new_pool[slot] = k_last(state).to(pool.dtype)
+            return
+        stored = store(state, SCALED_FORMATS[str(pool.dtype)])
+        new_pool[slot], new_scales[slot] = stored.values, stored.scales
 
     for n in range(rows):
         lead, tokens = (n, slice(None)) if bounds is None else (0, slice(bounds[n], bounds[n + 1]))
@@ -239,7 +264,7 @@ def reference_call(
         if not live:
             output[lead, tokens][replayed:] = 0.0
             continue
-        h = k_last(pool[read]).double()[None]
+        h = read_state(read)[None]
         final = h[0]  # an empty sequence leaves its state as it is
         if count:
             out, states = recurrence(
@@ -250,19 +275,19 @@ def reference_call(
             final = states[0, -1]
         if recovers:
             if replayed and write > null_slot:
-                new_pool[write] = k_last(states[0, replayed - 1]).to(pool.dtype)
+                write_state(write, states[0, replayed - 1])
             continue
         if per_token:
             table = tables["read"] if tables["scatter"] is None else tables["scatter"]
             for t in range(count):
                 slot = int(table[n, t])
                 if slot > null_slot:
-                    new_pool[slot] = k_last(states[0, t]).to(pool.dtype)
+                    write_state(slot, states[0, t])
         elif not disable_state_update and write > null_slot:
-            new_pool[write] = k_last(final).to(pool.dtype)
+            write_state(write, final)
         if cache is not None:
             row = n if tables["cache"] is None else int(tables["cache"][n])
             if row > null_slot:
                 for t in range(count):
                     new_cache[row, t] = k_last(states[0, t]).to(cache.dtype)
-    return ExpectedCall(output=output, pool=new_pool, cache=new_cache)
+    return ExpectedCall(output=output, pool=new_pool, cache=new_cache, scales=new_scales)

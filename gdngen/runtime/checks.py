@@ -32,7 +32,13 @@ from .core_checks import (
 from .form_checks import check_token_scatter, check_tokens
 from .info import TargetInfo
 from .norm_checks import GatedNorm, check_gated_norm
-from .pool_checks import check_cache, check_per_row_state, check_pool, check_slots
+from .pool_checks import (
+    check_cache,
+    check_per_row_state,
+    check_pool,
+    check_slots,
+    check_state_scales,
+)
 from .recovery_checks import check_recovery
 
 
@@ -199,6 +205,7 @@ def check_call(
     conv_activation="silu",
     intermediate_conv_windows=None,
     enable_pdl=None,
+    state_scales=None,
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first). The checks run in
@@ -237,6 +244,7 @@ def check_call(
     check_geometry(info, tokens, HV, V)
     check_core_layout(q, k, v, a, b)
     pool = check_pool(info, state, initial_state, state_layout, HV, tokens.K, V)
+    check_state_scales(pool, state_scales, cache_buffer)
     if token_scatter is not None:
         check_token_scatter(
             tokens, token_scatter, read_slots, write_slots, num_accepted, cache_buffer,
@@ -280,7 +288,7 @@ def check_call(
         ("output_state_indices", write_slots), ("intermediate_states_buffer", cache_buffer),
         ("output", output), ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted),
         ("intermediate_state_indices", cache_rows), ("ssm_state_indices", token_scatter),
-        ("accepted_steps", accepted_steps),
+        ("accepted_steps", accepted_steps), ("state_scales", state_scales),
     ])  # fmt: skip
     return Call(
         batch=tokens.rows,

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
-from gdngen.terms import kernel_serves_head_dims
+from gdngen.terms import SCALED_STATE_DTYPES, kernel_serves_head_dims
 
 from .arg_checks import VECTOR_ALIGN
 from .checks import Call
 from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS, KernelArg
 
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8}
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1, "int32": 4, "int64": 8}
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,7 @@ def _cute_type(name: str):
         "bf16": cutlass.BFloat16,
         "fp16": cutlass.Float16,
         "fp32": cutlass.Float32,
+        "int8": cutlass.Int8,
         "int32": cutlass.Int32,
         "int64": cutlass.Int64,
     }[name]
@@ -297,6 +298,12 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         "conv_bias": conv_bias,
         "conv_arrivals": conv_arrivals,
         "conv_windows": conv_windows,
+        # an int8 state's scales: one per row of each slot's heads (gdngen.runtime.pool_checks)
+        "state_scales": (
+            compact("fp32", (pool_size, HV, V), 4)
+            if key.state_dtype in SCALED_STATE_DTYPES
+            else None
+        ),
         # run-time values: any stands in
         "scale": cutlass.Float32(1.0),
         "norm_eps": cutlass.Float32(1e-6),

@@ -104,6 +104,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("conv_activation", "silu"),
     Keyword("intermediate_conv_windows"),
     Keyword("enable_pdl"),
+    Keyword("state_scales"),
 )
 
 #: the kernel's parameters, in ``decode_kernel``'s (and ``launch``'s) order: the decode core's
@@ -148,6 +149,8 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
     # Programmatic dependent launch (docs/design.md, "Programmatic dependent launch"): the
     # kernel waits for the grid before it only where it first reads what that grid may write
     KernelArg("pdl", OPTION, "Constexpr[bool]", "pdl", default=False),
+    # An int8 state's fp32 scale per row [slots, HV, V] (docs/design.md, "Quantized state")
+    KernelArg("state_scales", IN_PLACE),
 )
 
 #: what ``launch`` takes after the kernel's parameters: whether this launch may overlap the

@@ -20,7 +20,14 @@ from .arg_checks import (
 from .form_checks import INDEX_DTYPES, Tokens, check_slot_table, index_vector
 from .info import TargetInfo
 
-STATE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+STATE_DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.int8: "int8",
+}
+#: a quantized state's dtype -> what it stores per row beside its values
+SCALED = {"int8": "one fp32 scale per row"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,43 @@ def check_slots(
         require_dims("output_state_indices", write_slots, (tokens.rows,), tokens.rows_meaning)
         require_contiguous("output_state_indices", write_slots)
     return index_dtype
+
+
+def check_state_scales(pool: Pool, state_scales, cache_buffer) -> None:
+    """An int8 state's ``state_scales``: fp32 ``[slots, HV, V]`` (the pool's leading dims, one
+    scale per row), rows contiguous; none for any other state; and no verify cache beside an
+    int8 state (its format is not decided: docs/design.md, "Quantized state")."""
+    if pool.dtype not in SCALED:
+        if state_scales is not None:
+            raise ValueError(
+                f"state_scales: only a quantized state has scales (int8); {pool.name} is "
+                f"{pool.dtype}, so pass state_scales=None"
+            )
+        return
+    if pool.head_meaning != "V, K":
+        raise ValueError(f"{pool.name}: an int8 state is K-last [pool, HV, V, K]")
+    if state_scales is None:
+        raise ValueError(
+            f"state_scales: an {pool.dtype} {pool.name} stores {SCALED[pool.dtype]}; pass "
+            f"state_scales, fp32 [{pool.tensor.size(0)}, {pool.tensor.size(1)}, "
+            f"{pool.head_dims[0]}] (its slots, heads and rows); got None"
+        )
+    if not isinstance(state_scales, torch.Tensor):
+        raise TypeError(f"state_scales: expected a torch.Tensor; got {type(state_scales).__name__}")
+    require_dtype("state_scales", state_scales, {torch.float32: "fp32"})
+    expected = tuple(pool.tensor.shape[:3])
+    if tuple(state_scales.shape) != expected:
+        raise ValueError(
+            f"state_scales: expected shape {list(expected)} (one scale per row of {pool.name} "
+            f"{shape_text(pool.tensor)}); got {shape_text(state_scales)}"
+        )
+    require_contiguous("state_scales", state_scales)
+    if cache_buffer is not None:
+        raise ValueError(
+            "intermediate_states_buffer: a verify cache beside an int8 state is not served (its "
+            "format is not decided); store each token's state in the pool with a per-token slot "
+            "table instead"
+        )
 
 
 def check_cache(tokens: Tokens, pool: Pool, cache_buffer, cache_rows, read_slots) -> None:

@@ -31,7 +31,7 @@ from gdngen.terms import (
 )
 
 #: bytes per state element, by state dtype
-STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
 #: width of one vector load or store, in bytes, that a lane may issue
 LOAD_BYTES = (8, 16)
 #: vector loads a K-last lane may spend on its vec columns of one row: two 16-byte loads let a
@@ -225,6 +225,24 @@ class Variant(_Strict):
         parts.append(sm_suffix(sm))
         return "_".join(parts)
 
+    def _int8_fits(self) -> None:
+        """An int8 state row's scale is the amax of its K values, which its group reduces with
+        a butterfly as it stores: the stepwise K-last solve, one group a row (docs/design.md,
+        "Quantized state")."""
+        limits = (
+            ("layout", self.layout, "k_last"),
+            ("solve", self.solve, "stepwise"),
+            ("k_splits", self.k_splits, 1),
+            ("state_load_cache", self.state_load_cache, "all"),
+            ("state_store_cache", self.state_store_cache, "write_back"),
+        )
+        for knob, value, needed in limits:
+            if value != needed:
+                raise ValueError(
+                    f"{knob}: an int8 state is served by the stepwise K-last solve without K "
+                    f"splits or cache operators ({knob}: {needed}); got {knob}: {value}"
+                )
+
     @model_validator(mode="after")
     def _knobs_fit(self) -> "Variant":
         if self.ilp & (self.ilp - 1) or self.vec & (self.vec - 1):
@@ -257,6 +275,8 @@ class Variant(_Strict):
                 f"a lane's state tile is ilp * vec = {self.ilp} * {self.vec} = {self.state_regs} "
                 f"fp32 registers; at most {MAX_STATE_REGS} leave room for the rest of the kernel"
             )
+        if self.state_dtype == "int8":
+            self._int8_fits()
         if self.k_splits > 1 and self.solve != "stepwise":
             raise ValueError(
                 f"k_splits={self.k_splits} needs solve: stepwise (the staged solve reduce-scatters "

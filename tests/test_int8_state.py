@@ -1,0 +1,112 @@
+"""The int8 state (docs/design.md, "Quantized state") without a GPU: the spec's limits on its
+variants, the call's checks of the pool and its scales, and the reference's int8 pool."""
+
+import pytest
+import torch
+
+import generated.h200
+from gdngen.problem import Problem
+from gdngen.reference.decode import reference_call
+from gdngen.reference.state_formats import store
+from gdngen.runtime.checks import check_call
+from gdngen.spec.model import Variant
+from tests.int8_state import assert_int8_pool, int8_pool
+from tests.test_checks import make_args, on_fake_cuda
+
+INFO = generated.h200.INFO
+
+
+@pytest.mark.parametrize(
+    "knob,value",
+    [("layout", "v_last"), ("solve", "staged"), ("k_splits", 2), ("state_load_cache", "streaming")],
+)
+def test_an_int8_variant_outside_the_stepwise_k_last_solve_is_refused(knob, value):
+    knobs = dict(layout="k_last", state_dtype="int8", tile_v=32, ilp=4, vec=8, threads_per_group=16)
+    Variant(**knobs)  # the served point
+    with pytest.raises(ValueError, match=knob):
+        Variant(
+            **{**knobs, knob: value, **({"threads_per_group": 8} if knob == "k_splits" else {})}
+        )
+
+
+def test_the_h200_serves_an_int8_k_last_state():
+    assert ("k_last", "int8") in INFO.served
+    assert any(v.startswith("kl_int8_") for v in generated.h200.VARIANTS)
+
+
+def _int8_args(**problem):
+    return on_fake_cuda(int8_pool(make_args(**problem)))
+
+
+def test_an_int8_call_checks_out_with_its_scales():
+    call = check_call(INFO, **_int8_args())
+    assert call.state_dtype == "int8"
+
+
+@pytest.mark.parametrize(
+    "change,fragments",
+    [
+        (lambda a: a.update(state_scales=None), ["state_scales", "int8", "[8, 32, 128]", "None"]),
+        (lambda a: a.update(state_scales=a["state_scales"].double()), ["state_scales", "float64"]),
+        (
+            lambda a: a.update(state_scales=a["state_scales"][:4]),
+            ["state_scales", "[8, 32, 128]", "[4, 32, 128]"],
+        ),
+        (
+            lambda a: a.update(
+                state_scales=a["state_scales"].transpose(1, 2).contiguous().transpose(1, 2)
+            ),
+            ["state_scales", "contiguous"],
+        ),
+    ],
+    ids=["missing", "dtype", "slots", "strides"],
+)
+def test_bad_scales_are_refused_naming_the_argument(change, fragments):
+    args = _int8_args()
+    change(args)
+    with pytest.raises((TypeError, ValueError)) as error:
+        check_call(INFO, **args)
+    for fragment in fragments:
+        assert fragment in str(error.value), (fragment, str(error.value))
+
+
+def test_scales_beside_another_state_are_refused():
+    args = on_fake_cuda(make_args())
+    args["state_scales"] = torch.ones(8, 32, 128)
+    with pytest.raises(ValueError, match="state_scales: only a quantized state"):
+        check_call(INFO, **args)
+
+
+def test_a_verify_cache_beside_an_int8_state_is_refused():
+    args = _int8_args(tokens=2, cache_steps=2, disable_state_update=True)
+    with pytest.raises(
+        ValueError, match="intermediate_states_buffer: a verify cache beside an int8"
+    ):
+        check_call(INFO, **args)
+
+
+def test_the_reference_reads_and_stores_an_int8_pool():
+    # An int8 pool is its dequantized states for the recurrence, and each state it stores is
+    # state_formats.store of the float64 state the fp64 pool's call ends with.
+    args = Problem(
+        batch=3, tokens=2, H=2, HV=4, K=16, V=16, pool_size=6, padded_rows=(1,), seed=5
+    ).make("cpu")
+    quantized = int8_pool(args)
+    pool, scales = quantized["initial_state"], quantized["state_scales"]
+    exact = pool.double() * scales.double()[..., None]  # the dequantized states, in float64
+    tensors = [args[n] for n in ("q", "k", "v")]
+    gates = [args[n] for n in ("A_log", "a", "dt_bias", "b")]
+    common = dict(read_slots=args["initial_state_indices"])
+
+    def call(pool_, **extra):
+        return reference_call(*tensors, pool_, *gates, **common, **extra)
+
+    got, wide = call(pool, state_scales=scales), call(exact)
+    assert torch.equal(got.output.nan_to_num(), wide.output.nan_to_num())
+    for slot in args["initial_state_indices"].tolist():
+        if slot < 0:
+            continue
+        stored = store(wide.pool[slot], "int8_row")
+        assert torch.equal(got.pool[slot], stored.values)
+        assert torch.equal(got.scales[slot], stored.scales)
+    assert_int8_pool(got.pool, got.scales, got.pool, got.scales, pool, scales)
