@@ -9,13 +9,36 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from gdngen.reference.state_formats import store
+
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: a state's bytes per element by state dtype (an int8 state's fp32 scale per row of K apart)
+STATE_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
 def state_of(args: dict):
     """The state a call updates: the dense ``state`` or the pool ``initial_state``."""
     return args["state"] if args["state"] is not None else args["initial_state"]
+
+
+def state_copy(args: dict) -> torch.Tensor:
+    """A copy of the call's state as the reference reads it: an int8 pool's values times their
+    ``state_scales`` (fp32), any other state as it is."""
+    state = state_of(args)
+    scales = args.get("state_scales")
+    if scales is None:
+        return state.clone()
+    return state.float() * scales[..., None]
+
+
+def _stored_state(state: torch.Tensor, state_dtype: str) -> tuple[torch.Tensor, dict]:
+    """``state`` (drawn in fp32 for a quantized dtype) in the state dtype, and the call's
+    keywords that go with it (an int8 state's ``state_scales``)."""
+    if state_dtype != "int8":
+        return state, {}
+    stored = store(state, "int8_row")
+    return stored.values, {"state_scales": stored.scales}
 
 
 @dataclass(frozen=True)
@@ -62,8 +85,10 @@ class Problem:
     def head_shape(self) -> tuple[int, int]:
         return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
 
-    def state_bytes(self) -> int:
-        return TORCH_DTYPES[self.state_dtype].itemsize
+    def state_bytes(self) -> float:
+        """Bytes per state element (an int8 state's scales included)."""
+        scales = 4 / self.K if self.state_dtype == "int8" else 0
+        return STATE_ELEMENT_BYTES[self.state_dtype] + scales
 
     def moved_bytes(self) -> int:
         """Bytes a call must move at least (docs/design.md, "Measuring")."""
@@ -72,7 +97,7 @@ class Problem:
         writes = 0 if self.disable_state_update else 1
         cached = T if self.cache_steps is not None else 0
         io = B * T * (2 * self.H * self.K + 2 * self.HV * self.V + 2 * self.HV) * 2
-        return state * (1 + writes + cached) + io
+        return int(state * (1 + writes + cached) + io)
 
     def make(self, device: str | torch.device = "cuda") -> dict:
         """Keyword arguments of gdn_decode, freshly drawn on ``device`` from ``seed``."""
@@ -96,9 +121,15 @@ class Problem:
         dt_bias = randn(HV, dtype=TORCH_DTYPES[self.dt_bias_dtype], std=0.5)
 
         slots = self.pool_size if self.pool_size is not None else B
-        state_dtype = TORCH_DTYPES[self.state_dtype]
+        state_dtype = TORCH_DTYPES.get(self.state_dtype, torch.float32)
         pool = randn(slots, HV, *self.head_shape, dtype=state_dtype, std=0.5)
-        args = dict(q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b)
+        pool, scaled = _stored_state(pool, self.state_dtype)
+        if scaled and self.cache_steps is not None:
+            raise ValueError(
+                'cache_steps: an int8 state has no verify cache (docs/design.md, "Quantized '
+                'state")'
+            )
+        args = dict(q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, **scaled)
         args["scale"] = self.scale
         args["use_qk_l2norm"] = self.use_qk_l2norm
         args["disable_state_update"] = self.disable_state_update

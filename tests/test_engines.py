@@ -170,13 +170,14 @@ def _packed_tokens(total):
 )
 def test_signatures_are_the_engines(method, expected):
     """Same names, order and defaults as the engine's function (so positional and keyword
-    calls both work); the only additions are the keyword-only max_seqlen and uniform_seqlen."""
+    calls both work); the only additions are the keyword-only max_seqlen, uniform_seqlen and
+    state_scales (an int8 pool's)."""
     parameters = list(inspect.signature(method).parameters.values())[1:]  # past self
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert [(p.name, p.default) for p in positional] == expected
     extra = {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    added = {"max_seqlen": None, "uniform_seqlen": False}
-    assert extra == ({} if "packed" in method.__name__ else added)
+    added = {"max_seqlen": None, "uniform_seqlen": False, "state_scales": None}
+    assert extra == ({"state_scales": None} if "packed" in method.__name__ else added)
     assert len(positional) + len(extra) == len(parameters)
 
 
@@ -209,6 +210,19 @@ def test_packed_decode_passes_the_mixed_buffer(adapter, null_slot):
     assert call["null_slot"] == null_slot
     assert call["use_qk_l2norm"] is True and call["scale"] == K**-0.5
     assert result[0] is args["out"] and result[1] is args["initial_state"]
+
+
+@pytest.mark.parametrize("adapter", [VllmGdn, SglangGdn])
+def test_packed_decode_passes_an_int8_pools_scales(adapter):
+    fake = Recorder()
+    scales = torch.ones(3)
+    adapter(fake).fused_recurrent_gated_delta_rule_packed_decode(
+        **_packed_decode_args(), state_scales=scales
+    )
+    assert fake.last["state_scales"] is scales
+    fake = Recorder()
+    adapter(fake).fused_recurrent_gated_delta_rule_packed_decode(**_packed_decode_args())
+    assert fake.last["state_scales"] is None
 
 
 def test_packed_decode_positional_call_and_default_norm():
@@ -708,8 +722,8 @@ def _schema_parameters(schema: str) -> list[tuple[str, object]]:
 
 def test_mtp_signature_is_the_ops():
     """The schema's names in its order, with its defaults; out and scale default as vLLM's
-    wrapper has them (so the method stands in for the wrapper and for the op); the one addition
-    is the keyword-only uniform_seqlen."""
+    wrapper has them (so the method stands in for the wrapper and for the op); the additions are
+    the keyword-only uniform_seqlen and state_scales."""
     method = VllmGdn.fused_gdn_decode_post_conv_mtp
     parameters = list(inspect.signature(method).parameters.values())[1:]  # past self
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
@@ -719,7 +733,7 @@ def test_mtp_signature_is_the_ops():
     for (name, default), (_, ours) in zip(schema, VLLM_MTP):
         assert default is NO_DEFAULT or default == ours, name
     extra = {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert extra == {"uniform_seqlen": False}
+    assert extra == {"uniform_seqlen": False, "state_scales": None}
     assert len(positional) + len(extra) == len(parameters)
 
 

@@ -110,3 +110,22 @@ def test_the_reference_reads_and_stores_an_int8_pool():
         assert torch.equal(got.pool[slot], stored.values)
         assert torch.equal(got.scales[slot], stored.scales)
     assert_int8_pool(got.pool, got.scales, got.pool, got.scales, pool, scales)
+
+
+def test_a_problem_draws_an_int8_pool_with_its_scales():
+    # what gdngen tune and bench time on an int8 state (their check reads state_copy)
+    from gdngen.measure.check import INT8_CHECK_TOL, check_tolerance
+    from gdngen.problem import state_copy
+
+    problem = Problem(batch=3, H=2, HV=4, K=16, V=16, pool_size=5, state_dtype="int8", seed=2)
+    args = problem.make("cpu")
+    pool, scales = args["initial_state"], args["state_scales"]
+    assert pool.dtype == torch.int8 and scales.shape == (5, 4, 16)
+    drawn = problem.with_(state_dtype="fp32").make("cpu")["initial_state"]
+    assert torch.equal(pool, store(drawn, "int8_row").values)
+    assert torch.equal(state_copy(args), pool.float() * scales[..., None])
+    assert problem.state_bytes() == 1 + 4 / 16
+    with pytest.raises(ValueError, match="cache_steps: an int8 state has no verify cache"):
+        problem.with_(cache_steps=1).make("cpu")
+    assert check_tolerance("int8", 5e-3) == INT8_CHECK_TOL
+    assert check_tolerance("bf16", 5e-3) == 5e-3

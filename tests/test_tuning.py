@@ -829,7 +829,10 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     model = gpu_model(spec, gpu)
     tuning = load_tuning(ROOT / "specs" / file, spec, gpu=model)
     assert not tuning.stale
-    assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served)
+    # every served pair but the int8 state's, on its static rules until its first tune
+    assert {(c.layout, c.state_dtype) for c in tuning.cells} == set(spec.served) - {
+        ("k_last", "int8")
+    }
     evidence = evidence_tables((ROOT / "generated" / "h200" / "dispatch_evidence.txt").read_text())
     cited, why = evidence["TABLE" if model == spec.tuning.gpu else model]
     assert cited == f"specs/{file}"
@@ -841,7 +844,7 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
             batch_heads=cell.batch_heads, intermediate=cell.mode == "verify" or
             (core and cell.tokens > 1), head_dims=dims, gpu=gpu, heads=cell.HV,
             gated_norm=core, conv1d=core, per_token_slots=core and cell.tokens > 1,
-            packed=core,
+            packed=core and cell.tokens > 1,
         )  # fmt: skip
         if core and rule.source.startswith("spec["):
             # the spec's rule that holds PDL off goes first where the cells did not time its
@@ -1045,9 +1048,7 @@ def test_a_cells_binds_run_in_its_gpu_turn_and_its_compiles_between_turns(monkey
 
     monkeypatch.setattr(run, "Gdngen", Recording)
     monkeypatch.setattr(Problem, "make", lambda self, device: {"state": None})
-    monkeypatch.setattr(
-        run, "state_of", lambda args: type("Pool", (), {"clone": lambda self: None})()
-    )
+    monkeypatch.setattr(run, "state_copy", lambda args: None)
     monkeypatch.setattr(run, "rotating_sets", lambda moved: 2)
     monkeypatch.setattr(run, "check_against_reference", lambda *args: 0.0)
     monkeypatch.setattr(run, "time_side_by_side", lambda runs, replays: dict.fromkeys(runs, 1.0))

@@ -13,10 +13,10 @@ from typing import Callable, ContextManager, Iterable, TextIO
 
 import torch
 
-from gdngen.measure.check import check_against_reference
+from gdngen.measure.check import check_against_reference, check_tolerance
 from gdngen.measure.impls import Gdngen, Impl
 from gdngen.measure.timing import rotating_sets, time_side_by_side
-from gdngen.problem import Problem, state_of
+from gdngen.problem import Problem, state_copy
 
 #: a peer whose error against the reference exceeds this is flagged (ours are held to the
 #: dtype tolerances of the test suite; peers round q/k/v/gates to bf16 and use fast math)
@@ -66,9 +66,10 @@ def _error(exc: Exception) -> str:
 
 
 def _check(result: Result, problem: Problem, args: dict, bound) -> None:
-    result.check_error = check_against_reference(problem, args, bound, state_of(args).clone())
-    if not result.check_error <= CHECK_TOL:
-        result.status = f"check failed: error {result.check_error:.3g} > {CHECK_TOL}"
+    result.check_error = check_against_reference(problem, args, bound, state_copy(args))
+    tolerance = check_tolerance(problem.state_dtype, CHECK_TOL)
+    if not result.check_error <= tolerance:
+        result.status = f"check failed: error {result.check_error:.3g} > {tolerance}"
 
 
 def measure_side_by_side(

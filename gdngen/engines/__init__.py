@@ -62,12 +62,16 @@ class EngineAdapter:
         out,
         ssm_state_indices,
         use_qk_l2norm_in_kernel=False,
+        *,
+        state_scales=None,
     ):
         """One token per request: ``mixed_qkv [B, 2*H*K + HV*V]`` (rows may be strided), ``a``,
         ``b [B, HV]``, the pool ``initial_state [slots, HV, V, K]`` updated in place at
         ``ssm_state_indices [B]`` (<= ``null_slot``: padding, zero output), the output written
         into ``out [B, 1, HV, V]``. Returns ``(out, initial_state)``, as the engine's op does.
-        Both engines' ops take the same arguments; only their padding slot differs."""
+        Both engines' ops take the same arguments; only their padding slot differs. With an int8
+        pool, ``state_scales [slots, HV, V]`` (keyword only, an addition) holds its rows' scales
+        (docs/engines.md, "An int8 state")."""
         return self._launch(
             _PACKED_NAMES,
             dict(
@@ -82,6 +86,7 @@ class EngineAdapter:
                 initial_state=initial_state,
                 initial_state_indices=ssm_state_indices,
                 null_slot=self.null_slot,
+                state_scales=state_scales,
             ),
         )
 
@@ -114,6 +119,7 @@ class EngineAdapter:
         intermediate_conv_window=None,
         disable_state_update=False,
         uniform_seqlen=False,
+        state_scales=None,
     ):
         """The layer's whole decode core in one kernel (docs/engines.md, "The fused core"): the
         causal conv1d update on the pre-conv ``mixed_qkv``, the gated delta recurrence, and the
@@ -164,6 +170,7 @@ class EngineAdapter:
                 cu_seqlens=query_start_loc,
                 max_seqlen=max_query_len,
                 uniform_seqlen=uniform_seqlen,
+                state_scales=state_scales,
                 output=out,
                 z=z,
                 norm_weight=norm_weight,

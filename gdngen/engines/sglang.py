@@ -67,6 +67,7 @@ class SglangGdn(EngineAdapter):
         *,
         max_seqlen=None,
         uniform_seqlen=False,
+        state_scales=None,
     ):
         """Decode and target verify through the pool ``initial_state_source [slots, HV, V, K]``
         at ``initial_state_indices [N]``.
@@ -151,6 +152,7 @@ class SglangGdn(EngineAdapter):
                 cu_seqlens=cu_seqlens,
                 max_seqlen=max_seqlen,
                 uniform_seqlen=uniform_seqlen,
+                state_scales=state_scales,
             ),
         )
         return output

@@ -78,6 +78,7 @@ class VllmGdn(EngineAdapter):
         *,
         max_seqlen=None,
         uniform_seqlen=False,
+        state_scales=None,
     ):
         """Decode and speculative verify through the pool ``initial_state [slots, HV, V, K]``.
 
@@ -166,6 +167,7 @@ class VllmGdn(EngineAdapter):
                 cu_seqlens=cu_seqlens,
                 max_seqlen=max_seqlen,
                 uniform_seqlen=uniform_seqlen,
+                state_scales=state_scales,
             ),
         )
 
@@ -188,6 +190,7 @@ class VllmGdn(EngineAdapter):
         output_gate_activation="silu",
         *,
         uniform_seqlen=False,
+        state_scales=None,
     ):
         """Speculative verify with the gated RMSNorm fused, as vLLM's op
         ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (and its Triton port) does it, in one
@@ -247,6 +250,7 @@ class VllmGdn(EngineAdapter):
                 cu_seqlens=cu_seqlens,
                 max_seqlen=columns[1],
                 uniform_seqlen=uniform_seqlen,
+                state_scales=state_scales,
                 output=out,
                 z=output_gate,
                 norm_weight=norm_weight,

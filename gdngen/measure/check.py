@@ -9,6 +9,16 @@ from gdngen.reference import reference_decode
 
 #: rows of a cell the correctness check compares (the first few and the last)
 CHECK_ROWS = 6
+#: an int8 state's stored rows against the float64 state: each value within half its row's
+#: step amax / 127 (round to nearest), a relative error of at most sqrt(K) / 254 over a row
+#: (one value carrying the row), 6.3% at K = 256; a wrong kernel is off by its whole size
+INT8_CHECK_TOL = 0.07
+
+
+def check_tolerance(state_dtype: str, tolerance: float) -> float:
+    """A check's bound on relative error for a state dtype: ``tolerance``, the caller's for a
+    state that rounds by less than it, or the int8 state's own."""
+    return max(tolerance, INT8_CHECK_TOL) if state_dtype == "int8" else tolerance
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:

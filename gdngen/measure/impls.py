@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from gdngen.problem import Problem, state_of
+from gdngen.problem import Problem, state_copy, state_of
 from gdngen.terms import kernel_serves_head_dims
 
 INT32_LIMIT = 2**31
@@ -26,7 +26,8 @@ class Bound:
     run: Callable[[], None]
     #: the output of the last run
     read_output: Callable[[], torch.Tensor]
-    #: the state tensor the last run updated (or returned), in the problem's layout
+    #: the state tensor the last run updated (or returned), in the problem's layout; an int8
+    #: pool's dequantized (gdngen.problem.state_copy)
     read_state: Callable[[], torch.Tensor]
     #: the batch rows' slots in read_state(), or None when it is per batch row
     slots: torch.Tensor | None
@@ -103,11 +104,11 @@ class Gdngen(Impl):
         output = _output(problem, args)
         call = self.call
         self.call.prepare(**args)  # compiled by compile(): the signature's plan, cached
-        pool = state_of(args)
+        pool, scales = state_of(args), args.get("state_scales")
         return Bound(
             run=lambda: call(**args, output=output),
             read_output=lambda: output,
-            read_state=lambda: pool,
+            read_state=(lambda: pool) if scales is None else (lambda: state_copy(args)),
             slots=args.get("output_state_indices", args.get("initial_state_indices")),
         )
 
