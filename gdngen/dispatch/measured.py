@@ -83,19 +83,23 @@ class Verdict:
     timings: int
 
     def evidence(self) -> str:
-        """What this point says for the rule it is behind (:func:`measured_evidence`)."""
+        """What this point says for the rule it is behind (:func:`measured_evidence`); the
+        runner-up named without its SM suffix (every variant of a target has the same one)."""
         head = f"B*HV={self.batch_heads}: {self.total_us:.2f} us"
+        runner_up = _without_sm(self.runner_up) if self.runner_up else None
         if self.timings == 1:
-            return head + (
-                f" (next {self.runner_up} {self.runner_up_us:.2f} us)" if self.runner_up else ""
-            )
+            return head + (f" (next {runner_up} {self.runner_up_us:.2f} us)" if runner_up else "")
         head += (
-            f", off the fastest by {self.mean_gap:+.1%} on average and {self.worst_gap:+.1%} at "
-            f"most in {self.timings} timings of {self.cells} cell{'s' if self.cells > 1 else ''}"
+            f", {self.mean_gap:+.1%} mean and {self.worst_gap:+.1%} worst off the fastest in "
+            f"{self.timings} timings of {self.cells} cell{'s' if self.cells > 1 else ''}"
         )
-        return head + (
-            f" (next {self.runner_up} {self.runner_up_gap:+.1%})" if self.runner_up else ""
-        )
+        return head + (f" (next {runner_up} {self.runner_up_gap:+.1%})" if runner_up else "")
+
+
+def _without_sm(name: str) -> str:
+    """A variant's (or plan's) name without its trailing SM suffix (``_sm90``)."""
+    stem, _, suffix = name.rpartition("_sm")
+    return stem if stem and suffix.isdigit() else name
 
 
 def cell_gaps(cell: MeasuredCell) -> dict[str, float]:
