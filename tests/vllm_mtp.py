@@ -168,8 +168,10 @@ def reference_gdn_decode(**kwargs):
         "mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "use_qk_l2norm", "initial_state",
         "initial_state_indices", "num_accepted_tokens", "null_slot", "cu_seqlens", "max_seqlen",
         "uniform_seqlen", "output", "z", "norm_weight", "norm_eps", "norm_activation",
+        "state_scales",
     }  # fmt: skip
     assert set(kwargs) == expected_keywords, set(kwargs) ^ expected_keywords
+    assert kwargs["state_scales"] is None  # the stand-in reads a bf16 or fp32 pool
     pool, table, cu = kwargs["initial_state"], kwargs["initial_state_indices"], kwargs["cu_seqlens"]
     assert kwargs["use_qk_l2norm"] is True and not kwargs["uniform_seqlen"]
     assert int((cu[1:] - cu[:-1]).max()) <= kwargs["max_seqlen"] == table.shape[1]
