@@ -15,22 +15,30 @@ pytestmark = pytest.mark.gpu
 
 
 def _check(args: dict, *, read_slots, null_slot=-1, cu_seqlens=None, num_accepted=None, norm=None):
-    pool, scales = args["initial_state"], args["state_scales"]
-    before, scales_before = pool.clone(), scales.clone()
+    before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
     output = torch.full(args["v"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     extra = {} if norm is None else dict(z=norm[0], norm_weight=norm[1])
     h200.gdn_decode(**args, output=output, **extra)
     torch.cuda.synchronize()
+    _assert_call(
+        args, output, before, scales_before, read_slots=read_slots, null_slot=null_slot,
+        cu_seqlens=cu_seqlens, num_accepted=num_accepted, norm=norm,
+    )  # fmt: skip
+
+
+def _assert_call(args, output, before, scales_before, *, read_slots, norm=None, **forms):
+    """What the call left in ``output`` and in the pool against the reference's, from the pool
+    ``before`` it and its scales (``forms``: reference_call's null_slot, cu_seqlens, ...)."""
     expected = reference_call(
         args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
-        args["b"], read_slots=read_slots, null_slot=null_slot, cu_seqlens=cu_seqlens,
-        num_accepted=num_accepted, state_scales=scales_before,
+        args["b"], read_slots=read_slots, state_scales=scales_before, **forms,
     )  # fmt: skip
     ref = expected.output
     if norm is not None:
         ref = gated_rmsnorm(ref, norm[0], norm[1], eps=1e-6, activation="silu")
     live = ~torch.isnan(ref)
     assert_close("output", output[live], ref[live], torch.bfloat16)
+    pool, scales = args["initial_state"], args["state_scales"]
     assert_int8_pool(pool, scales, expected.pool, expected.scales, before, scales_before)
 
 
@@ -82,12 +90,4 @@ def test_int8_pool_under_a_cuda_graph():
         before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
         graph.replay()
         torch.cuda.synchronize()
-        expected = reference_call(
-            args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
-            args["b"], read_slots=args["initial_state_indices"], state_scales=scales_before,
-        )  # fmt: skip
-        assert_close("output", output, expected.output, torch.bfloat16)
-        assert_int8_pool(
-            args["initial_state"], args["state_scales"], expected.pool, expected.scales, before,
-            scales_before,
-        )  # fmt: skip
+        _assert_call(args, output, before, scales_before, read_slots=args["initial_state_indices"])
