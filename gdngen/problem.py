@@ -10,10 +10,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from gdngen.reference.state_formats import store
+from gdngen.terms import SCALED_STATE_DTYPES, STATE_BYTES
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-#: a state's bytes per element by state dtype (an int8 state's fp32 scale per row of K apart)
-STATE_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
@@ -35,7 +34,7 @@ def state_copy(args: dict) -> torch.Tensor:
 def _stored_state(state: torch.Tensor, state_dtype: str) -> tuple[torch.Tensor, dict]:
     """``state`` (drawn in fp32 for a quantized dtype) in the state dtype, and the call's
     keywords that go with it (an int8 state's ``state_scales``)."""
-    if state_dtype != "int8":
+    if state_dtype not in SCALED_STATE_DTYPES:
         return state, {}
     stored = store(state, "int8_row")
     return stored.values, {"state_scales": stored.scales}
@@ -86,9 +85,9 @@ class Problem:
         return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
 
     def state_bytes(self) -> float:
-        """Bytes per state element (an int8 state's scales included)."""
-        scales = 4 / self.K if self.state_dtype == "int8" else 0
-        return STATE_ELEMENT_BYTES[self.state_dtype] + scales
+        """Bytes per state element (an int8 state's fp32 scale per row of K included)."""
+        scales = 4 / self.K if self.state_dtype in SCALED_STATE_DTYPES else 0
+        return STATE_BYTES[self.state_dtype] + scales
 
     def moved_bytes(self) -> int:
         """Bytes a call must move at least (docs/design.md, "Measuring")."""

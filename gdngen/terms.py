@@ -14,6 +14,8 @@ StateDtype = Literal["bf16", "fp16", "fp32", "int8"]
 #: state dtypes stored quantized, each value row with its fp32 scale in ``state_scales``
 #: (docs/design.md, "Quantized state")
 SCALED_STATE_DTYPES = ("int8",)
+#: bytes per state element, by state dtype (a scaled dtype's scales apart)
+STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
 #: the SM targets a spec may name; gdngen.sm has what each offers a kernel
 SmTarget = Literal["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"]
 IndexDtype = Literal["int32", "int64"]

@@ -13,6 +13,7 @@ from .measured import (
     core_rules,
     measured_evidence,
     measured_rules,
+    rule_plan,
     tuned_ref,
     verdicts,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "reached",
     "reached_at",
     "row",
+    "rule_plan",
     "select",
     "table_order",
     "tuned_ref",

@@ -386,7 +386,8 @@ def measured_evidence(
     return {rule.source: [rule_plan(rule), *evidence] for rule, evidence in explained}
 
 
-def rule_plan(rule: Rule) -> str:
-    """What a measured rule runs, as the tuning file names the plan (gdngen.terms.plan_name):
-    its variant, ``split:``/``steps:`` where it splits steps off, ``nopdl:`` without PDL."""
-    return plan_name(rule.use, rule.split_conv, rule.split_norm, rule.pdl)
+def rule_plan(rule, pdl: bool | None = None) -> str:
+    """What a rule (a table's, or a spec's dispatch rule) runs, as the tuning file names the
+    plan (gdngen.terms.plan_name): its variant, ``split:``/``steps:`` where it splits steps
+    off, ``nopdl:`` without PDL (the rule's own, or ``pdl`` where given)."""
+    return plan_name(rule.use, rule.split_conv, rule.split_norm, rule.pdl if pdl is None else pdl)

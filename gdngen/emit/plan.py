@@ -27,13 +27,14 @@ from gdngen.dispatch import (
     measured_rules,
     reached,
     reached_at,
+    rule_plan,
     select,
     table_order,
 )
 from gdngen.runtime.kernel_args import KERNEL_ARGS
 from gdngen.spec import Spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX, Variant
-from gdngen.terms import plan_name, step_name
+from gdngen.terms import step_name
 from gdngen.tune.tuning_file import Cell, Measured, TuningError, set_key
 
 from .dispatch_table import RowFormat
@@ -547,7 +548,7 @@ def _held_pdl_off(spec: Spec, static: list[Rule], measured: Measured) -> list[Ru
     timed = {name for c in measured.cells if c.mode == "core" for t in c.timings for name in t}
     held = [
         rule for rule in static if rule.conv1d and not rule.pdl
-        and plan_name(rule.use, rule.split_conv, rule.split_norm, pdl=False) not in timed
+        and rule_plan(rule, pdl=False) not in timed
     ]  # fmt: skip
     if not held:
         return []

@@ -16,7 +16,7 @@ from .state_formats import store
 
 SOFTPLUS_THRESHOLD = 20.0
 #: a quantized pool's torch dtype -> its format in gdngen.reference.state_formats
-SCALED_FORMATS = {"torch.int8": "int8_row"}
+SCALED_FORMATS = {torch.int8: "int8_row"}
 L2NORM_EPS = 1e-6
 
 
@@ -236,7 +236,7 @@ def reference_call(
         if state_scales is None:
             new_pool[slot] = k_last(state).to(pool.dtype)
             return
-        stored = store(state, SCALED_FORMATS[str(pool.dtype)])
+        stored = store(state, SCALED_FORMATS[pool.dtype])
         new_pool[slot], new_scales[slot] = stored.values, stored.scales
 
     for n in range(rows):

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
-from gdngen.terms import SCALED_STATE_DTYPES, kernel_serves_head_dims
+from gdngen.terms import SCALED_STATE_DTYPES, STATE_BYTES, kernel_serves_head_dims
 
 from .arg_checks import VECTOR_ALIGN
 from .checks import Call
 from .kernel_args import KERNEL_ARGS, LAUNCH_ONLY_ARGS, KernelArg
 
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1, "int32": 4, "int64": 8}
+ELEMENT_BYTES = {**STATE_BYTES, "int32": 4, "int64": 8}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gdngen.terms import SCALED_STATE_DTYPES
+
 from .arg_checks import (
     VECTOR_ALIGN,
     dtype_name,
@@ -15,6 +17,7 @@ from .arg_checks import (
     require_contiguous,
     require_dims,
     require_dtype,
+    require_tensor,
     shape_text,
 )
 from .form_checks import INDEX_DTYPES, Tokens, check_slot_table, index_vector
@@ -26,8 +29,6 @@ STATE_DTYPES = {
     torch.float32: "fp32",
     torch.int8: "int8",
 }
-#: a quantized state's dtype -> what it stores per row beside its values
-SCALED = {"int8": "one fp32 scale per row"}
 
 
 @dataclass(frozen=True)
@@ -165,23 +166,20 @@ def check_state_scales(pool: Pool, state_scales, cache_buffer) -> None:
     """An int8 state's ``state_scales``: fp32 ``[slots, HV, V]`` (the pool's leading dims, one
     scale per row), rows contiguous; none for any other state; and no verify cache beside an
     int8 state (its format is not decided: docs/design.md, "Quantized state")."""
-    if pool.dtype not in SCALED:
+    state_scales = require_tensor("state_scales", state_scales, optional=True)
+    if pool.dtype not in SCALED_STATE_DTYPES:
         if state_scales is not None:
             raise ValueError(
                 f"state_scales: only a quantized state has scales (int8); {pool.name} is "
                 f"{pool.dtype}, so pass state_scales=None"
             )
         return
-    if pool.head_meaning != "V, K":
-        raise ValueError(f"{pool.name}: an int8 state is K-last [pool, HV, V, K]")
     if state_scales is None:
         raise ValueError(
-            f"state_scales: an {pool.dtype} {pool.name} stores {SCALED[pool.dtype]}; pass "
+            f"state_scales: an {pool.dtype} {pool.name} stores one fp32 scale per row; pass "
             f"state_scales, fp32 [{pool.tensor.size(0)}, {pool.tensor.size(1)}, "
             f"{pool.head_dims[0]}] (its slots, heads and rows); got None"
         )
-    if not isinstance(state_scales, torch.Tensor):
-        raise TypeError(f"state_scales: expected a torch.Tensor; got {type(state_scales).__name__}")
     require_dtype("state_scales", state_scales, {torch.float32: "fp32"})
     expected = tuple(pool.tensor.shape[:3])
     if tuple(state_scales.shape) != expected:

@@ -23,6 +23,8 @@ from gdngen.sm import MAX_THREADS_PER_SM, PACKED_FMA_TARGETS, SM_FACTS
 from gdngen.terms import (
     LAYOUT_PREFIX,
     PORTABLE_CLUSTER,
+    SCALED_STATE_DTYPES,
+    STATE_BYTES,
     IndexDtype,
     Layout,
     SmTarget,
@@ -30,8 +32,6 @@ from gdngen.terms import (
     sm_suffix,
 )
 
-#: bytes per state element, by state dtype
-STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
 #: width of one vector load or store, in bytes, that a lane may issue
 LOAD_BYTES = (8, 16)
 #: vector loads a K-last lane may spend on its vec columns of one row: two 16-byte loads let a
@@ -275,7 +275,7 @@ class Variant(_Strict):
                 f"a lane's state tile is ilp * vec = {self.ilp} * {self.vec} = {self.state_regs} "
                 f"fp32 registers; at most {MAX_STATE_REGS} leave room for the rest of the kernel"
             )
-        if self.state_dtype == "int8":
+        if self.state_dtype in SCALED_STATE_DTYPES:
             self._int8_fits()
         if self.k_splits > 1 and self.solve != "stepwise":
             raise ValueError(

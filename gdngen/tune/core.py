@@ -27,7 +27,7 @@ from typing import Callable, ContextManager, TextIO
 
 import torch
 
-from gdngen.dispatch import CallShape
+from gdngen.dispatch import CallShape, rule_plan
 from gdngen.measure.core_cell import (
     CoreCheck,
     core_bytes,
@@ -80,7 +80,7 @@ def pdl_off_plans(spec: Spec, problem) -> list[str]:
     plans with PDL, which a call gets by default."""
     shape = CallShape(**_call_shape(problem, core=True))
     return [
-        plan_name(rule.use, rule.split_conv, rule.split_norm, pdl=False)
+        rule_plan(rule, pdl=False)
         for rule in spec.dispatch
         if rule.conv1d and not rule.pdl and rule.serves(shape)
     ]
