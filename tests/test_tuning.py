@@ -255,6 +255,14 @@ def test_a_retimed_cell_goes_to_the_variant_least_behind_in_every_timing():
     assert "slow" not in point.runner_up
 
 
+def test_a_variant_fastest_in_every_timing_says_so():
+    cell = _cell(64, {"a": 10.0, "b": 11.0}, {"a": 10.2, "b": 11.5})
+    (point,) = verdicts([cell])
+    assert point.evidence() == (
+        "B*HV=4096: 10.00 us, the fastest in all 2 timings of 1 cell (next b +11.4%)"
+    )
+
+
 def test_one_timing_keeps_the_fastest_and_its_plain_evidence():
     (point,) = verdicts([_cell(4, {"a": 10.0, "b": 9.5})])
     assert (point.variant, point.worst_gap, point.runner_up) == ("b", 0.0, "a")
