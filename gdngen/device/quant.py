@@ -1,20 +1,39 @@
 """A quantized state's rows as the kernels load and store them (docs/design.md, "Quantized
 state"): int8 values ``[.., V, K]`` with one fp32 scale per row, ``state_scales [.., V]``.
 
-A row is dequantized as it is loaded (``value * scale``) and computed with in fp32 like any
-state; it is quantized once, where it is stored: its scale is the row's amax over its K values
-divided by 127 (1 for an all-zero row, so that nothing divides by 0), each value rounded to the
-nearest integer of ``h / scale`` (ties to even) and saturated to [-127, 127]. That is
+A row is loaded as it is, four values a word, dequantized at its first use (``value * scale``)
+and computed with in fp32 like any state; it is quantized once, where it is stored: its scale is
+the row's amax over its K values divided by 127 (1 for an all-zero row, so that nothing divides
+by 0), each value the nearest integer of ``h / scale`` (ties to even), in [-127, 127]. That is
 ``gdngen.reference.state_formats``'s ``int8_row``, the format the drift record measured. A row's
 K values are spread over its group's lanes, which reduce the amax with the butterfly of the
 group's other sums; one lane of the group stores the scale.
+
+Both directions are written for instruction issue, which bound the first int8 kernels, not
+bytes (docs/perf/h200-2026-11-28-int8-tune.md):
+
+- the values stay packed as loaded, four a word (:func:`int8_words`: as int8 elements, each was
+  unpacked into a register of its own at the load, and packed again for the conversion); a
+  value is dequantized by one I2F that selects its byte (``cvt.rn.f32.s32`` of ``bfe.s32``) and
+  a multiply by its row's scale;
+- a value is quantized without a conversion instruction, through the float ``MAGIC`` =
+  1.5 * 2^23, whose ulp is 1 and whose low mantissa byte is 0: ``fma(h, 1 / scale, MAGIC)``
+  rounds ``h / scale`` to the nearest integer (ties to even, one rounding of the exact product)
+  into the low mantissa bits, whose low byte is then the two's complement int8 (``|h / scale| <=
+  127`` by the scale's definition, so nothing saturates); three byte permutes pack four of them
+  into a word;
+- the row's amax is one FMNMX a value (the absolute value is its operand modifier).
+
+Dequantizing through MAGIC as well (a byte permute, an add and a multiply a value) timed 5%
+slower at B = 512, HV = 64, T = 1 than the I2F; an I2F and a float-to-int conversion a value
+each way, the values unpacked, took 1.34-1.41x as long.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int8, Int32
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -32,11 +51,44 @@ def load_scaled_rows(
 ):
     """h (the lane's ``(ilp, vec)`` fp32 tile) = the int8 tile ``src`` times its rows' scales,
     rows ``first_row ..`` of ``scale_rows`` (one head's ``[V]`` scales)."""
-    h.store(src.load().to(Float32))
+    scales = cute.make_rmem_tensor((ilp,), Float32)
+    load_row_scales(scales, scale_rows, first_row, ilp)
+    dequantize_rows(h, int8_words(src), scales, ilp, vec)
+
+
+def int8_words(tile: cute.Tensor) -> cute.Tensor:
+    """An ``(ilp, vec)`` int8 tile (its rows' values contiguous) as ``(ilp, vec / 4)`` words:
+    loaded and stored so, the values stay packed in registers as they came, four a word (as
+    int8 elements, each would be unpacked into a register of its own at the load)."""
+    return cute.recast_tensor(tile, Int32)
+
+
+@cute.jit
+def load_row_scales(
+    scales: cute.Tensor, scale_rows: cute.Tensor, first_row, ilp: cutlass.Constexpr[int]
+):
+    """``scales`` (``ilp`` fp32 registers) = rows ``first_row ..`` of ``scale_rows``."""
     for i in cutlass.range_constexpr(ilp):
-        scale = Float32(scale_rows[first_row + i])
-        for j in cutlass.range_constexpr(vec):
-            h[i, j] = h[i, j] * scale
+        scales[i] = Float32(scale_rows[first_row + i])
+
+
+@cute.jit
+def dequantize_rows(
+    h: cute.Tensor,
+    words: cute.Tensor,
+    scales: cute.Tensor,
+    ilp: cutlass.Constexpr[int],
+    vec: cutlass.Constexpr[int],
+):
+    """h (the lane's ``(ilp, vec)`` fp32 tile) = the int8 tile ``words`` (:func:`int8_words`,
+    in registers or where it is loaded from) times ``scales``, one a row."""
+    held = cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
+    held.store(words.load())
+    for i in cutlass.range_constexpr(ilp):
+        for w in cutlass.range_constexpr(vec // 4):
+            for byte in cutlass.range_constexpr(4):
+                value = _signed_byte(held[i, w], byte)
+                h[i, 4 * w + byte] = value * scales[i]
 
 
 @cute.jit
@@ -53,32 +105,77 @@ def store_scaled_rows(
     """Quantize the lane's ``(ilp, vec)`` fp32 tile h into the int8 tile ``dst``, each row with
     its group's scale; the lane where ``writer`` holds stores the rows' scales into
     ``scale_rows[first_row ..]``. Every lane of the group must take part (the butterfly)."""
-    quantized = cute.make_rmem_tensor(h.layout, Int8)
+    packed = cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
     for i in cutlass.range_constexpr(ilp):
         amax = Float32(0.0)
         for j in cutlass.range_constexpr(vec):
-            amax = cutlass.max(amax, cutlass.max(h[i, j], -h[i, j]))
+            amax = _max_abs(amax, h[i, j])
         for offset in butterfly:
-            amax = cutlass.max(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
+            amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
         scale = Float32(
             cutlass.select_(amax > Float32(0.0), amax / Float32(INT8_MAX), Float32(1.0))
         )
-        # One division a row; x * (1 / scale) can round differently from x / scale only where
-        # x / scale is within an ulp of a tie, which moves the value by one step at most there.
+        # One division a row; h * (1 / scale) can round differently from h / scale only where
+        # h / scale is within an ulp of a tie, which moves the value by one step at most there.
         inverse = Float32(1.0) / scale
-        for j in cutlass.range_constexpr(vec):
-            quantized[i, j] = Int8(_round_to_int8(h[i, j] * inverse))
+        for w in cutlass.range_constexpr(vec // 4):
+            rounded = [_rounded_over_magic(h[i, 4 * w + byte], inverse) for byte in range(4)]
+            packed[i, w] = _low_bytes(*rounded)
         if writer:
             scale_rows[first_row + i] = scale
-    dst.store(quantized.load())
+    int8_words(dst).store(packed.load())
+
+
+#: 1.5 * 2^23: a float whose ulp is 1 and whose low mantissa byte is 0
+MAGIC = 12582912.0
 
 
 @dsl_user_op
-def _round_to_int8(x, *, loc=None, ip=None):
-    """``x`` rounded to the nearest integer (ties to even), saturated to [-128, 127], as an
-    Int32 (PTX ``cvt.rni.sat.s8.f32``, its 8-bit result sign-extended in a 32-bit register)."""
+def _max_abs(amax, x, *, loc=None, ip=None):
+    """max(amax, |x|) in one instruction (the abs is an operand modifier of FMNMX)."""
     value = llvm.inline_asm(
-        Int32.mlir_type, [Float32(x).ir_value(loc=loc, ip=ip)], "cvt.rni.sat.s8.f32 $0, $1;",
-        "=r,f", has_side_effects=False, loc=loc, ip=ip,
+        Float32.mlir_type,
+        [Float32(v).ir_value(loc=loc, ip=ip) for v in (amax, x)],
+        "{\n\t.reg .f32 a;\n\tabs.f32 a, $2;\n\tmax.f32 $0, $1, a;\n\t}", "=f,f,f",
+        has_side_effects=False, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Float32(value)
+
+
+@dsl_user_op
+def _signed_byte(word, byte: int, *, loc=None, ip=None):
+    """Byte ``byte`` of ``word`` as a signed integer, in a float (PTX ``cvt.rn.f32.s8`` of the
+    byte: one I2F with a byte selector)."""
+    value = llvm.inline_asm(
+        Float32.mlir_type,
+        [Int32(word).ir_value(loc=loc, ip=ip)],
+        f"{{\n\t.reg .b32 t;\n\tbfe.s32 t, $1, {8 * byte}, 8;\n\tcvt.rn.f32.s32 $0, t;\n\t}}",
+        "=f,r", has_side_effects=False, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Float32(value)
+
+
+@dsl_user_op
+def _rounded_over_magic(x, inverse, *, loc=None, ip=None):
+    """``MAGIC + x * inverse`` rounded once (PTX ``fma.rn.f32``): ``x * inverse`` rounded to the
+    nearest integer, ties to even, in the float's low mantissa bits."""
+    value = llvm.inline_asm(
+        Float32.mlir_type,
+        [Float32(v).ir_value(loc=loc, ip=ip) for v in (x, inverse, MAGIC)],
+        "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", has_side_effects=False, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Float32(value)
+
+
+@dsl_user_op
+def _low_bytes(a, b, c, d, *, loc=None, ip=None):
+    """The low bytes of four 32-bit values (floats' bits) as one word, ``a``'s lowest (PTX
+    ``prmt``, three of them)."""
+    value = llvm.inline_asm(
+        Int32.mlir_type,
+        [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+        "{\n\t.reg .b32 lo, hi;\n\tprmt.b32 lo, $1, $2, 0x0040;\n\tprmt.b32 hi, $3, $4, 0x0040;"
+        "\n\tprmt.b32 $0, lo, hi, 0x5410;\n\t}",
+        "=r,f,f,f,f", has_side_effects=False, loc=loc, ip=ip,
     )  # fmt: skip
     return Int32(value)

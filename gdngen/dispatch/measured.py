@@ -84,9 +84,9 @@ class Verdict:
 
     def evidence(self) -> str:
         """What this point says for the rule it is behind (:func:`measured_evidence`); the
-        runner-up named without its SM suffix (every variant of a target has the same one)."""
+        runner-up named by its knobs alone (:func:`_knobs_only`)."""
         head = f"B*HV={self.batch_heads}: {self.total_us:.2f} us"
-        runner_up = _without_sm(self.runner_up) if self.runner_up else None
+        runner_up = _knobs_only(self.runner_up) if self.runner_up else None
         if self.timings == 1:
             return head + (f" (next {runner_up} {self.runner_up_us:.2f} us)" if runner_up else "")
         cells = f"{self.timings} timings of {self.cells} cell{'s' if self.cells > 1 else ''}"
@@ -100,10 +100,16 @@ class Verdict:
         return head + (f" (next {runner_up} {self.runner_up_gap:+.1%})" if runner_up else "")
 
 
-def _without_sm(name: str) -> str:
-    """A variant's (or plan's) name without its trailing SM suffix (``_sm90``)."""
-    stem, _, suffix = name.rpartition("_sm")
-    return stem if stem and suffix.isdigit() else name
+def _knobs_only(name: str) -> str:
+    """A variant's (or plan's) name without what every contender of a rule shares: the layout
+    and state dtype in front (``kl_bf16_``) and the SM suffix (``_sm90``); a plan keeps its
+    ``split:``, ``steps:`` or ``nopdl:``."""
+    plan, colon, variant = name.rpartition(":")
+    layout, _, rest = variant.partition("_")
+    if layout in ("kl", "vl"):
+        variant = rest.partition("_")[2]
+    stem, _, suffix = variant.rpartition("_sm")
+    return plan + colon + (stem if stem and suffix.isdigit() else variant)
 
 
 def cell_gaps(cell: MeasuredCell) -> dict[str, float]:

@@ -90,11 +90,15 @@ class KernelShape:
 
     @property
     def state_raw_until_use(self) -> str:
-        """Where a 16-bit state stays in its own dtype until the solve's first use of it (the
-        templates' tile_load): "always" (the staged solve in one pass, whose staging runs while
-        the state is in flight: docs/design.md, "Kernel design", staged solve), "slot_table"
-        (behind the conv1d prologue or a per-token slot table: holds_state_behind_slot_table) or
-        "conv" (behind the conv1d prologue only: docs/design.md, "The conv1d prologue")."""
+        """Where a 16-bit or int8 state stays in its own dtype until the solve's first use of it
+        (the templates' tile_load): "scaled" (an int8 state, always, but for the rows of a
+        staged solve's passes: docs/design.md, "Quantized state"), "always" (the staged solve in
+        one pass, whose staging runs while the state is in flight: docs/design.md, "Kernel
+        design", staged solve), "slot_table" (behind the conv1d prologue or a per-token slot
+        table: holds_state_behind_slot_table) or "conv" (behind the conv1d prologue only:
+        docs/design.md, "The conv1d prologue")."""
+        if self.scaled_state and not self.row_passes:
+            return "scaled"
         if self.solve == "staged" and not self.row_passes:
             return "always"
         return "slot_table" if self.holds_state_behind_slot_table else "conv"

@@ -227,11 +227,10 @@ class Variant(_Strict):
 
     def _int8_fits(self) -> None:
         """An int8 state row's scale is the amax of its K values, which its group reduces with
-        a butterfly as it stores: the stepwise K-last solve, one group a row (docs/design.md,
-        "Quantized state")."""
+        a butterfly as it stores: a K-last solve, one group a row (docs/design.md, "Quantized
+        state")."""
         limits = (
             ("layout", self.layout, "k_last"),
-            ("solve", self.solve, "stepwise"),
             ("k_splits", self.k_splits, 1),
             ("state_load_cache", self.state_load_cache, "all"),
             ("state_store_cache", self.state_store_cache, "write_back"),
@@ -239,8 +238,8 @@ class Variant(_Strict):
         for knob, value, needed in limits:
             if value != needed:
                 raise ValueError(
-                    f"{knob}: an int8 state is served by the stepwise K-last solve without K "
-                    f"splits or cache operators ({knob}: {needed}); got {knob}: {value}"
+                    f"{knob}: an int8 state is served by the K-last solves without K splits "
+                    f"or cache operators ({knob}: {needed}); got {knob}: {value}"
                 )
 
     @model_validator(mode="after")

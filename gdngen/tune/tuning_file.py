@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -425,7 +426,7 @@ def _named_timings(data: object) -> object:
         return {name: us for name, us in zip(names, times) if us is not None}
 
     cells = []
-    for cell in data.get("cells") or []:
+    for cell in _cells_of_groups(data.get("cells")):
         cell = dict(cell)
         key = columns_key(cell)
         cell["times_us"] = named(cell.get("times_us"), key)
@@ -435,15 +436,55 @@ def _named_timings(data: object) -> object:
     return data
 
 
+#: a group of cells in a file's ``cells`` (:func:`dump_tuning`): the set's columns key, the mode
+#: (a core set's is its own), the tokens and the value heads; e.g. ``k_last/bf16 update T2 HV64``
+_GROUP = re.compile(
+    r"(?P<layout>\w+)/(?P<state_dtype>\w+)(?: K=(?P<K>\d+) V=(?P<V>\d+))?"
+    r" (?P<mode>update|verify|core) T(?P<tokens>\d+) HV(?P<HV>\d+)"
+)
+
+
+def _group_key(cell: dict) -> str:
+    key = columns_key(cell)
+    mode = "" if cell["mode"] == "core" else f" {cell['mode']}"  # the core set's key has it
+    return f"{key}{mode} T{cell['tokens']} HV{cell['HV']}"
+
+
+def _cells_of_groups(cells: object) -> list:
+    """A file's ``cells`` as a list of cells: as they are where listed (the form before groups),
+    else from the groups, each cell a batch size's timings, a list (the first timing) or a list
+    of them (the first, then the --retime runs')."""
+    if not isinstance(cells, dict):
+        return list(cells or [])
+    found = []
+    for group, by_batch in cells.items():
+        match = _GROUP.fullmatch(str(group))
+        if match is None:
+            raise ValueError(f"cells: {group!r} is not a group like 'k_last/bf16 update T1 HV64'")
+        if not isinstance(by_batch, dict):
+            raise ValueError(f"cells: {group}: expected a mapping of batch sizes to timings")
+        head = {
+            name: int(value) if name in ("tokens", "HV", "K", "V") else value
+            for name, value in match.groupdict().items()
+            if value is not None
+        }
+        for batch, timings in by_batch.items():
+            rows = timings if timings and isinstance(timings[0], list) else [timings]
+            found.append({**head, "batch": batch, "times_us": rows[0], "retimed_us": rows[1:]})
+    return found
+
+
 def _row(times: dict[str, float], names: list[str]) -> str:
     """One timing as a one-line YAML list in the order of ``names`` (null: not timed there)."""
     return "[" + ", ".join("null" if n not in times else f"{times[n]:.2f}" for n in names) + "]"
 
 
 def dump_tuning(tuning: TuningFile) -> str:
-    """YAML with one cell per block, cells sorted: small diffs when re-measured. Each set's
+    """YAML with one cell per line, cells sorted: small diffs when re-measured. Each set's
     variants are named once, in ``columns``; a cell's timings are lists in that order (the
-    names of every timing, written out, were most of a file's bytes)."""
+    names of every timing, written out, were most of a file's bytes). Cells are grouped by set,
+    mode, tokens and value heads, a line per batch size (each cell spelling those out was half
+    of what was left)."""
     data = tuning.model_dump(mode="json")
     cells = sorted(
         data.pop("cells"),
@@ -464,22 +505,22 @@ def dump_tuning(tuning: TuningFile) -> str:
         f"# Measured by `{tuning.command}`; do not edit by hand.",
         "# `gdngen emit` turns these timings (microseconds per call) into dispatch rows. A cell's",
         "# timings are in the order of its set's `columns` (null: that variant not timed there).",
+        "# Cells are grouped by set, mode, tokens and value heads (`k_last/bf16 update T1 HV64`),",
+        "# a line per batch size: its timing, or its timings (the first, then each --retime run's).",
         yaml.safe_dump(header, sort_keys=False, width=100).rstrip(),
         yaml.safe_dump({"columns": columns}, sort_keys=False, width=100).rstrip(),
         "cells:",
     ]
+    group = None
     for cell in cells:
+        if _group_key(cell) != group:
+            group = _group_key(cell)
+            lines.append(f"  {group}:")
         names = columns[columns_key(cell)]
-        head_dims = f" K: {cell['K']}, V: {cell['V']}," if cell["K"] is not None else ""
+        rows = [_row(t, names) for t in (cell["times_us"], *cell["retimed_us"])]
         lines.append(
-            f"  - {{layout: {cell['layout']}, state_dtype: {cell['state_dtype']}, "
-            f"tokens: {cell['tokens']}, mode: {cell['mode']}, HV: {cell['HV']}, "
-            f"batch: {cell['batch']},{head_dims}"
+            f"    {cell['batch']}: " + (rows[0] if len(rows) == 1 else f"[{', '.join(rows)}]")
         )
-        retimed = cell["retimed_us"]
-        lines.append(f"     times_us: {_row(cell['times_us'], names)}" + ("," if retimed else "}"))
-        if retimed:
-            lines.append(f"     retimed_us: [{', '.join(_row(t, names) for t in retimed)}]}}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,8 @@
 """The int8 state on the GPU (docs/design.md, "Quantized state"): each call form the target serves
 it in, against the float64 reference on the same int8 pool (tests/int8_state.py says the bound)."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -8,17 +10,21 @@ import generated.h200 as h200
 from gdngen.problem import PackedProblem, Problem
 from gdngen.reference.decode import reference_call
 from gdngen.reference.norm import gated_rmsnorm
+from gdngen.terms import kernel_serves_head_dims
 from tests.compare import assert_close
 from tests.int8_state import assert_int8_pool, int8_pool
 
 pytestmark = pytest.mark.gpu
 
 
-def _check(args: dict, *, read_slots, null_slot=-1, cu_seqlens=None, num_accepted=None, norm=None):
+def _check(
+    args: dict, *, read_slots, null_slot=-1, cu_seqlens=None, num_accepted=None, norm=None,
+    call=h200.gdn_decode,
+):  # fmt: skip
     before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
     output = torch.full(args["v"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     extra = {} if norm is None else dict(z=norm[0], norm_weight=norm[1])
-    h200.gdn_decode(**args, output=output, **extra)
+    call(**args, output=output, **extra)
     torch.cuda.synchronize()
     _assert_call(
         args, output, before, scales_before, read_slots=read_slots, null_slot=null_slot,
@@ -61,6 +67,30 @@ def test_int8_pool_vllm_spec_decode(sequences):
     _check(
         args, read_slots=args["initial_state_indices"], null_slot=0,
         cu_seqlens=args["cu_seqlens"], num_accepted=args["num_accepted_tokens"],
+    )  # fmt: skip
+
+
+#: every int8 variant of the target that serves K = V = 128, whether its dispatch picks it or not
+INT8_VARIANTS = [
+    name
+    for name in h200.VARIANTS
+    if name.startswith("kl_int8_")
+    and kernel_serves_head_dims(importlib.import_module(f"generated.h200.kernels.{name}"), 128, 128)
+]
+
+
+@pytest.mark.parametrize("variant", INT8_VARIANTS)
+def test_every_int8_variant(variant):
+    # Dense rows at T = 2 with a padding row, then vLLM's verify form at T = 4.
+    call = h200.variant(variant)
+    problem = Problem(batch=37, tokens=2, HV=32, pool_size=45, padded_rows=(5,), seed=7)
+    args = int8_pool(problem.make("cuda"))
+    _check(args, read_slots=args["initial_state_indices"], call=call)
+    problem = PackedProblem(sequences=9, tokens=4, HV=32, padded_rows=(2,), seed=8)
+    args = int8_pool(problem.make("cuda"))
+    _check(
+        args, read_slots=args["initial_state_indices"], null_slot=0,
+        cu_seqlens=args["cu_seqlens"], num_accepted=args["num_accepted_tokens"], call=call,
     )  # fmt: skip
 
 
