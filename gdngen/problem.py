@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from gdngen.reference.state_formats import store
-from gdngen.terms import SCALED_STATE_DTYPES, STATE_BYTES
+from gdngen.terms import SCALED_STATE_DTYPES, SCALED_STATE_FORMATS, STATE_BYTES
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
@@ -22,8 +22,8 @@ def state_of(args: dict):
 
 
 def state_copy(args: dict) -> torch.Tensor:
-    """A copy of the call's state as the reference reads it: an int8 pool's values times their
-    ``state_scales`` (fp32), any other state as it is."""
+    """A copy of the call's state as the reference reads it: a quantized pool's values times
+    their ``state_scales`` (fp32), any other state as it is."""
     state = state_of(args)
     scales = args.get("state_scales")
     if scales is None:
@@ -33,10 +33,10 @@ def state_copy(args: dict) -> torch.Tensor:
 
 def _stored_state(state: torch.Tensor, state_dtype: str) -> tuple[torch.Tensor, dict]:
     """``state`` (drawn in fp32 for a quantized dtype) in the state dtype, and the call's
-    keywords that go with it (an int8 state's ``state_scales``)."""
+    keywords that go with it (a quantized state's ``state_scales``)."""
     if state_dtype not in SCALED_STATE_DTYPES:
         return state, {}
-    stored = store(state, "int8_row")
+    stored = store(state, SCALED_STATE_FORMATS[state_dtype])
     return stored.values, {"state_scales": stored.scales}
 
 
@@ -85,7 +85,7 @@ class Problem:
         return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
 
     def state_bytes(self) -> float:
-        """Bytes per state element (an int8 state's fp32 scale per row of K included)."""
+        """Bytes per state element (a quantized state's fp32 scale per row of K included)."""
         scales = 4 / self.K if self.state_dtype in SCALED_STATE_DTYPES else 0
         return STATE_BYTES[self.state_dtype] + scales
 
@@ -125,8 +125,8 @@ class Problem:
         pool, scaled = _stored_state(pool, self.state_dtype)
         if scaled and self.cache_steps is not None:
             raise ValueError(
-                'cache_steps: an int8 state has no verify cache (docs/design.md, "Quantized '
-                'state")'
+                f"cache_steps: an {self.state_dtype} state has no verify cache (docs/design.md, "
+                '"Quantized state")'
             )
         args = dict(q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, **scaled)
         args["scale"] = self.scale

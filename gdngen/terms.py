@@ -7,15 +7,16 @@ a new layout or dtype is added here once (see docs/design.md, "Features").
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 Layout = Literal["k_last", "v_last"]
-StateDtype = Literal["bf16", "fp16", "fp32", "int8"]
-#: state dtypes stored quantized, each value row with its fp32 scale in ``state_scales``
-#: (docs/design.md, "Quantized state")
-SCALED_STATE_DTYPES = ("int8",)
+StateDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8_e4m3"]
+#: state dtypes stored quantized, each value row with its fp32 scale in ``state_scales``, and
+#: the format of gdngen.reference.state_formats each is (docs/design.md, "Quantized state")
+SCALED_STATE_FORMATS = {"int8": "int8_row", "fp8_e4m3": "fp8_e4m3_row"}
+SCALED_STATE_DTYPES = tuple(SCALED_STATE_FORMATS)
 #: bytes per state element, by state dtype (a scaled dtype's scales apart)
-STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1}
+STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1, "fp8_e4m3": 1}
 #: the SM targets a spec may name; gdngen.sm has what each offers a kernel
 SmTarget = Literal["sm_90a", "sm_100a", "sm_103a", "sm_120a", "sm_121a"]
 IndexDtype = Literal["int32", "int64"]
@@ -120,9 +121,11 @@ LAYOUT_PREFIX = {"k_last": "kl", "v_last": "vl"}
 def variant_pair(name: str) -> tuple[str, str]:
     """The (layout, state dtype) a canonical variant name spells: ``kl_bf16_...`` -> k_last/bf16.
     (The runtime reads it from the name, so that it need not import the kernel module.)"""
-    prefix, state_dtype = name.split("_")[:2]
+    prefix, _, rest = name.partition("_")
     layouts = {p: layout for layout, p in LAYOUT_PREFIX.items()}
-    return layouts[prefix], state_dtype
+    # the longest dtype the rest begins with: fp8_e4m3 has a "_" of its own
+    dtypes = sorted(get_args(StateDtype), key=len, reverse=True)
+    return layouts[prefix], next(d for d in dtypes if rest.startswith(d + "_"))
 
 
 #: the header line of an emitted kernel module that reuses another target's kernel body, naming

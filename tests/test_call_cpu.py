@@ -6,6 +6,7 @@ import generated.b200 as b200
 import generated.h200 as h200
 from gdngen.problem import Problem
 from gdngen.runtime.store import compiled_count
+from gdngen.terms import variant_pair
 
 
 def _args(**fields):
@@ -62,4 +63,4 @@ def test_each_kernel_module_exposes_its_own_call(target):
         module = target.variant(name).module(name)
         assert module.NAME == name and module.gdn_decode.__name__ == name
         layout = {"kl": "k_last", "vl": "v_last"}[name[:2]]
-        assert (module.LAYOUT, module.STATE_DTYPE) == (layout, name.split("_")[1])
+        assert (module.LAYOUT, module.STATE_DTYPE) == (layout, variant_pair(name)[1])

@@ -129,12 +129,12 @@ BAD = [
     ("b_fp32", lambda a: dict(b=a["b"].float()), TypeError, ["b: expected dtype bfloat16 (as a); got float32"]),
     ("A_log_bf16", lambda a: dict(A_log=a["A_log"].bfloat16()), TypeError, ["A_log: expected dtype float32; got bfloat16"]),
     ("dt_bias_fp16", lambda a: dict(dt_bias=a["dt_bias"].half()), TypeError, ["dt_bias: expected dtype bfloat16, float32; got float16"]),
-    ("pool_fp64", lambda a: dict(initial_state=a["initial_state"].double()), TypeError, ["initial_state: expected dtype bfloat16, float16, float32, int8; got float64"]),
+    ("pool_fp64", lambda a: dict(initial_state=a["initial_state"].double()), TypeError, ["initial_state: expected dtype bfloat16, float16, float32, int8, float8_e4m3fn; got float64"]),
     (
         "dense_state_fp64",
         lambda a: dict(state=a["initial_state"][:B].double(), initial_state=None, initial_state_indices=None),
         TypeError,
-        ["state: expected dtype bfloat16, float16, float32, int8; got float64"],
+        ["state: expected dtype bfloat16, float16, float32, int8, float8_e4m3fn; got float64"],
     ),
     # shapes
     ("q_3d", lambda a: dict(q=a["q"][:, 0]), ValueError, ["q: expected shape [B, T, H, K] = [*, *, *, *]; got [4, 16, 128]"]),

@@ -19,7 +19,7 @@ from gdngen.runtime.conv_step import conv_step_key, conv_step_module
 from gdngen.runtime.forms import Form, spec_forms
 from gdngen.runtime.pdl import StreamWrites, span_bytes
 from gdngen.spec import load_spec
-from gdngen.terms import conv_step_name, kernel_serves_head_dims
+from gdngen.terms import conv_step_name, kernel_serves_head_dims, variant_pair
 from tests.spec_helpers import ROOT
 from tests.test_checks import INFO, make_args, on_fake_cuda
 
@@ -37,7 +37,7 @@ TARGETS = [
 def key(variant: str, arch: str = "sm_90a", **changes) -> CompileKey:
     fields = dict(
         variant=variant, arch=arch, tokens=1, H=16, HV=64, K=128, V=128, io_dtype="bf16",
-        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype=variant.split("_")[1],
+        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype=variant_pair(variant)[1],
         index_dtype="int32", separate_write_slots=False, cache=False, write_final_state=True,
         use_qk_l2norm=True, pdl=True,
     )  # fmt: skip

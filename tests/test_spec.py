@@ -41,6 +41,7 @@ def test_h200_spec_loads():
         ("k_last", "bf16"),
         ("k_last", "fp16"),
         ("k_last", "fp32"),
+        ("k_last", "fp8_e4m3"),
         ("k_last", "int8"),
         ("v_last", "bf16"),
         ("v_last", "fp16"),

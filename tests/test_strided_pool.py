@@ -15,6 +15,7 @@ from gdngen.runtime.checks import check_call
 from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.launcher import call_key
 from gdngen.runtime.resources import kernel_resources
+from gdngen.terms import variant_pair
 from tests.test_checks import on_fake_cuda, raises
 from tests.test_forms_checks import HV, K, POOL, V, call_args
 
@@ -96,7 +97,7 @@ def test_the_strided_kernel_keeps_its_vector_loads(variant):
     module = importlib.import_module(f"generated.h200.kernels.{variant}")
     key = CompileKey(
         variant=variant, arch="sm_90a", tokens=2, H=16, HV=64, K=128, V=128, io_dtype="bf16",
-        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype=variant.split("_")[1],
+        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype=variant_pair(variant)[1],
         index_dtype="int32", separate_write_slots=False, cache=True, write_final_state=False,
         use_qk_l2norm=True,
     )  # fmt: skip

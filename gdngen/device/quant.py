@@ -1,28 +1,33 @@
 """A quantized state's rows as the kernels load and store them (docs/design.md, "Quantized
-state"): int8 values ``[.., V, K]`` with one fp32 scale per row, ``state_scales [.., V]``.
+state"): int8 or fp8 e4m3 values ``[.., V, K]`` with one fp32 scale per row, ``state_scales
+[.., V]``; the format is the pool's element type, a trace-time constant.
 
 A row is loaded as it is, four values a word, dequantized at its first use (``value * scale``)
 and computed with in fp32 like any state; it is quantized once, where it is stored: its scale is
-the row's amax over its K values divided by 127 (1 for an all-zero row, so that nothing divides
-by 0), each value the nearest integer of ``h / scale`` (ties to even), in [-127, 127]. That is
-``gdngen.reference.state_formats``'s ``int8_row``, the format the drift record measured. A row's
-K values are spread over its group's lanes, which reduce the amax with the butterfly of the
-group's other sums; one lane of the group stores the scale.
+the row's amax over its K values divided by the format's largest value, 127 or 448 (1 for an
+all-zero row, so that nothing divides by 0), each value ``h / scale`` rounded to the format,
+to nearest (ties to even). Those are ``gdngen.reference.state_formats``'s ``int8_row`` and
+``fp8_e4m3_row``, the formats the drift record measured. A row's K values are spread over its
+group's lanes, which reduce the amax with the butterfly of the group's other sums; one lane of
+the group stores the scale.
 
 Both directions are written for instruction issue, which bound the first int8 kernels, not
 bytes (docs/perf/h200-2026-11-28-int8-tune.md):
 
-- the values stay packed as loaded, four a word (:func:`int8_words`: as int8 elements, each was
-  unpacked into a register of its own at the load, and packed again for the conversion); a
-  value is dequantized by one I2F that selects its byte (``cvt.rn.f32.s32`` of ``bfe.s32``) and
-  a multiply by its row's scale;
-- a value is quantized without a conversion instruction, through the float ``MAGIC`` =
+- the values stay packed as loaded, four a word (:func:`packed_words`: as 8-bit elements,
+  each was unpacked into a register of its own at the load, and packed again for the
+  conversion); an int8 value is dequantized by one I2F that selects its byte
+  (``cvt.rn.f32.s32`` of ``bfe.s32``) and a multiply by its row's scale;
+- an int8 value is quantized without a conversion instruction, through the float ``MAGIC`` =
   1.5 * 2^23, whose ulp is 1 and whose low mantissa byte is 0: ``fma(h, 1 / scale, MAGIC)``
   rounds ``h / scale`` to the nearest integer (ties to even, one rounding of the exact product)
   into the low mantissa bits, whose low byte is then the two's complement int8 (``|h / scale| <=
   127`` by the scale's definition, so nothing saturates); three byte permutes pack four of them
   into a word;
-- the row's amax is one FMNMX a value (the absolute value is its operand modifier).
+- the row's amax is one FMNMX a value (the absolute value is its operand modifier);
+- an fp8 e4m3 value is converted by the SM's own instructions (sm_89 and later): two values to
+  two halves (``cvt.rn.f16x2.e4m3x2``) and each half to fp32 as loaded; two fp32 values to two
+  e4m3 (``cvt.rn.satfinite.e4m3x2.f32``) as stored.
 
 Dequantizing through MAGIC as well (a byte permute, an add and a multiply a value) timed 5%
 slower at B = 512, HV = 64, T = 1 than the I2F; an I2F and a float-to-int conversion a value
@@ -33,11 +38,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int8, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 INT8_MAX = 127.0
+#: the largest finite e4m3fn value (torch.finfo(torch.float8_e4m3fn).max)
+FP8_E4M3_MAX = 448.0
 
 
 @cute.jit
@@ -49,17 +56,17 @@ def load_scaled_rows(
     ilp: cutlass.Constexpr[int],
     vec: cutlass.Constexpr[int],
 ):
-    """h (the lane's ``(ilp, vec)`` fp32 tile) = the int8 tile ``src`` times its rows' scales,
-    rows ``first_row ..`` of ``scale_rows`` (one head's ``[V]`` scales)."""
+    """h (the lane's ``(ilp, vec)`` fp32 tile) = the quantized tile ``src`` times its rows'
+    scales, rows ``first_row ..`` of ``scale_rows`` (one head's ``[V]`` scales)."""
     scales = cute.make_rmem_tensor((ilp,), Float32)
     load_row_scales(scales, scale_rows, first_row, ilp)
-    dequantize_rows(h, int8_words(src), scales, ilp, vec)
+    dequantize_rows(h, packed_words(src), scales, ilp, vec, src.element_type)
 
 
-def int8_words(tile: cute.Tensor) -> cute.Tensor:
-    """An ``(ilp, vec)`` int8 tile (its rows' values contiguous) as ``(ilp, vec / 4)`` words:
-    loaded and stored so, the values stay packed in registers as they came, four a word (as
-    int8 elements, each would be unpacked into a register of its own at the load)."""
+def packed_words(tile: cute.Tensor) -> cute.Tensor:
+    """An ``(ilp, vec)`` tile of 8-bit values (its rows' values contiguous) as ``(ilp, vec / 4)``
+    words: loaded and stored so, the values stay packed in registers as they came, four a word
+    (as 8-bit elements, each would be unpacked into a register of its own at the load)."""
     return cute.recast_tensor(tile, Int32)
 
 
@@ -79,15 +86,20 @@ def dequantize_rows(
     scales: cute.Tensor,
     ilp: cutlass.Constexpr[int],
     vec: cutlass.Constexpr[int],
+    fmt: cutlass.Constexpr,
 ):
-    """h (the lane's ``(ilp, vec)`` fp32 tile) = the int8 tile ``words`` (:func:`int8_words`,
-    in registers or where it is loaded from) times ``scales``, one a row."""
+    """h (the lane's ``(ilp, vec)`` fp32 tile) = the tile ``words`` (:func:`packed_words`, in
+    registers or where it is loaded from) of format ``fmt`` (Int8 or Float8E4M3FN) times
+    ``scales``, one a row."""
     held = cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
     held.store(words.load())
     for i in cutlass.range_constexpr(ilp):
         for w in cutlass.range_constexpr(vec // 4):
             for byte in cutlass.range_constexpr(4):
-                value = _signed_byte(held[i, w], byte)
+                if cutlass.const_expr(fmt is Int8):
+                    value = _signed_byte(held[i, w], byte)
+                else:
+                    value = _e4m3_byte(held[i, w], byte)
                 h[i, 4 * w + byte] = value * scales[i]
 
 
@@ -102,9 +114,11 @@ def store_scaled_rows(
     vec: cutlass.Constexpr[int],
     butterfly: cutlass.Constexpr,
 ):
-    """Quantize the lane's ``(ilp, vec)`` fp32 tile h into the int8 tile ``dst``, each row with
-    its group's scale; the lane where ``writer`` holds stores the rows' scales into
-    ``scale_rows[first_row ..]``. Every lane of the group must take part (the butterfly)."""
+    """Quantize the lane's ``(ilp, vec)`` fp32 tile h into the tile ``dst`` (int8 or fp8 e4m3,
+    its element type), each row with its group's scale; the lane where ``writer`` holds stores
+    the rows' scales into ``scale_rows[first_row ..]``. Every lane of the group must take part
+    (the butterfly)."""
+    is_int8 = dst.element_type is Int8
     packed = cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
     for i in cutlass.range_constexpr(ilp):
         amax = Float32(0.0)
@@ -113,17 +127,24 @@ def store_scaled_rows(
         for offset in butterfly:
             amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
         scale = Float32(
-            cutlass.select_(amax > Float32(0.0), amax / Float32(INT8_MAX), Float32(1.0))
+            cutlass.select_(
+                amax > Float32(0.0),
+                amax / Float32(INT8_MAX if is_int8 else FP8_E4M3_MAX),
+                Float32(1.0),
+            )
         )
         # One division a row; h * (1 / scale) can round differently from h / scale only where
         # h / scale is within an ulp of a tie, which moves the value by one step at most there.
         inverse = Float32(1.0) / scale
         for w in cutlass.range_constexpr(vec // 4):
-            rounded = [_rounded_over_magic(h[i, 4 * w + byte], inverse) for byte in range(4)]
-            packed[i, w] = _low_bytes(*rounded)
+            if cutlass.const_expr(is_int8):
+                rounded = [_rounded_over_magic(h[i, 4 * w + byte], inverse) for byte in range(4)]
+                packed[i, w] = _low_bytes(*rounded)
+            else:
+                packed[i, w] = _e4m3_word(*[h[i, 4 * w + byte] * inverse for byte in range(4)])
         if writer:
             scale_rows[first_row + i] = scale
-    int8_words(dst).store(packed.load())
+    packed_words(dst).store(packed.load())
 
 
 #: 1.5 * 2^23: a float whose ulp is 1 and whose low mantissa byte is 0
@@ -153,6 +174,39 @@ def _signed_byte(word, byte: int, *, loc=None, ip=None):
         "=f,r", has_side_effects=False, loc=loc, ip=ip,
     )  # fmt: skip
     return Float32(value)
+
+
+@dsl_user_op
+def _e4m3_byte(word, byte: int, *, loc=None, ip=None):
+    """Byte ``byte`` of ``word`` as an e4m3 value, in a float: its pair of bytes to two halves
+    (``cvt.rn.f16x2.e4m3x2``, exact), the one half to fp32 (exact). The two of a pair convert
+    the same half word, which ptxas converts once."""
+    value = llvm.inline_asm(
+        Float32.mlir_type,
+        [Int32(word).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b16 lo, hi;\n\t.reg .b32 pair;\n\t.reg .b16 a, b;\n\t"
+        "mov.b32 {lo, hi}, $1;\n\t"
+        f"cvt.rn.f16x2.e4m3x2 pair, {'lo' if byte < 2 else 'hi'};\n\t"
+        "mov.b32 {a, b}, pair;\n\t"
+        f"cvt.f32.f16 $0, {'a' if byte % 2 == 0 else 'b'};\n\t}}",
+        "=f,r", has_side_effects=False, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Float32(value)
+
+
+@dsl_user_op
+def _e4m3_word(a, b, c, d, *, loc=None, ip=None):
+    """Four fp32 values rounded to e4m3 (to nearest, ties to even, saturated to +-448) as one
+    word, ``a`` in its lowest byte (``cvt.rn.satfinite.e4m3x2.f32`` puts its first operand in
+    the upper byte)."""
+    value = llvm.inline_asm(
+        Int32.mlir_type,
+        [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+        "{\n\t.reg .b16 lo, hi;\n\tcvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n\tmov.b32 $0, {lo, hi};\n\t}",
+        "=r,f,f,f,f", has_side_effects=False, loc=loc, ip=ip,
+    )  # fmt: skip
+    return Int32(value)
 
 
 @dsl_user_op

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
-from gdngen.terms import LAYOUT_PREFIX, plan_name, plan_parts
+from gdngen.terms import LAYOUT_PREFIX, plan_name, plan_parts, variant_pair
 
 from .rules import Range, Rule
 
@@ -105,9 +105,8 @@ def _knobs_only(name: str) -> str:
     and state dtype in front (``kl_bf16_``) and the SM suffix (``_sm90``); a plan keeps its
     ``split:``, ``steps:`` or ``nopdl:``."""
     plan, colon, variant = name.rpartition(":")
-    layout, _, rest = variant.partition("_")
-    if layout in ("kl", "vl"):
-        variant = rest.partition("_")[2]
+    if variant[:3] in ("kl_", "vl_"):
+        variant = variant[3:].removeprefix(variant_pair(variant)[1] + "_")
     stem, _, suffix = variant.rpartition("_sm")
     return plan + colon + (stem if stem and suffix.isdigit() else variant)
 

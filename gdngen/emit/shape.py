@@ -64,8 +64,9 @@ class KernelShape:
     holds_state_behind_slot_table: bool
     #: :func:`gates_in_token_loop_behind_slot_table`
     gates_in_token_loop_behind_slot_table: bool
-    #: the state is stored quantized with a scale per row (int8: docs/design.md, "Quantized
-    #: state"): dequantized as it is loaded, its rows' amax reduced and quantized as it is stored
+    #: the state is stored quantized with a scale per row (int8, fp8 e4m3: docs/design.md,
+    #: "Quantized state"): dequantized at its first use, its rows' amax reduced and quantized as
+    #: it is stored
     scaled_state: bool = False
 
     @classmethod
@@ -91,7 +92,7 @@ class KernelShape:
     @property
     def state_raw_until_use(self) -> str:
         """Where a 16-bit or int8 state stays in its own dtype until the solve's first use of it
-        (the templates' tile_load): "scaled" (an int8 state, always, but for the rows of a
+        (the templates' tile_load): "scaled" (an int8 or fp8 state, always, but for the rows of a
         staged solve's passes: docs/design.md, "Quantized state"), "always" (the staged solve in
         one pass, whose staging runs while the state is in flight: docs/design.md, "Kernel
         design", staged solve), "slot_table" (behind the conv1d prologue or a per-token slot
@@ -145,7 +146,8 @@ class KernelShape:
             parts.append("the state moved by copy atoms that carry cache operators")
         if self.scaled_state:
             parts.append(
-                "an int8 state with a scale per row, dequantized as loaded and quantized as stored"
+                "a quantized state (int8 or fp8 e4m3) with a scale per row, dequantized at its "
+                "first use and quantized as stored"
             )
         return f"{state} state; " + "; ".join(parts) + "."
 

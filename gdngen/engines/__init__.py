@@ -70,8 +70,8 @@ class EngineAdapter:
         ``ssm_state_indices [B]`` (<= ``null_slot``: padding, zero output), the output written
         into ``out [B, 1, HV, V]``. Returns ``(out, initial_state)``, as the engine's op does.
         Both engines' ops take the same arguments; only their padding slot differs. With an int8
-        pool, ``state_scales [slots, HV, V]`` (keyword only, an addition) holds its rows' scales
-        (docs/engines.md, "An int8 state")."""
+        or fp8 pool, ``state_scales [slots, HV, V]`` (keyword only, an addition) holds its rows'
+        scales (docs/engines.md, "A quantized state")."""
         return self._launch(
             _PACKED_NAMES,
             dict(

@@ -13,12 +13,16 @@ CHECK_ROWS = 6
 #: step amax / 127 (round to nearest), a relative error of at most sqrt(K) / 254 over a row
 #: (one value carrying the row), 6.3% at K = 256; a wrong kernel is off by its whole size
 INT8_CHECK_TOL = 0.07
+#: an fp8 e4m3 state's: 3 mantissa bits keep each value within 2^-4 of itself (6.25% of the
+#: row at most), plus 2^-10 of its row's scale near zero (the subnormals)
+FP8_CHECK_TOL = 0.08
+SCALED_CHECK_TOL = {"int8": INT8_CHECK_TOL, "fp8_e4m3": FP8_CHECK_TOL}
 
 
 def check_tolerance(state_dtype: str, tolerance: float) -> float:
     """A check's bound on relative error for a state dtype: ``tolerance``, the caller's for a
-    state that rounds by less than it, or the int8 state's own."""
-    return max(tolerance, INT8_CHECK_TOL) if state_dtype == "int8" else tolerance
+    state that rounds by less than it, or the quantized state's own."""
+    return max(tolerance, SCALED_CHECK_TOL.get(state_dtype, 0.0))
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -16,7 +16,7 @@ from .state_formats import store
 
 SOFTPLUS_THRESHOLD = 20.0
 #: a quantized pool's torch dtype -> its format in gdngen.reference.state_formats
-SCALED_FORMATS = {torch.int8: "int8_row"}
+SCALED_FORMATS = {torch.int8: "int8_row", torch.float8_e4m3fn: "fp8_e4m3_row"}
 L2NORM_EPS = 1e-6
 
 

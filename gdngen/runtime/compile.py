@@ -138,6 +138,7 @@ def _cute_type(name: str):
         "fp16": cutlass.Float16,
         "fp32": cutlass.Float32,
         "int8": cutlass.Int8,
+        "fp8_e4m3": cutlass.Float8E4M3FN,
         "int32": cutlass.Int32,
         "int64": cutlass.Int64,
     }[name]

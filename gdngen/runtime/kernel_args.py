@@ -149,7 +149,8 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
     # Programmatic dependent launch (docs/design.md, "Programmatic dependent launch"): the
     # kernel waits for the grid before it only where it first reads what that grid may write
     KernelArg("pdl", OPTION, "Constexpr[bool]", "pdl", default=False),
-    # An int8 state's fp32 scale per row [slots, HV, V] (docs/design.md, "Quantized state")
+    # A quantized (int8, fp8) state's fp32 scale per row [slots, HV, V] (docs/design.md,
+    # "Quantized state")
     KernelArg("state_scales", IN_PLACE),
 )
 

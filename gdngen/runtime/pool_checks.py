@@ -28,6 +28,7 @@ STATE_DTYPES = {
     torch.float16: "fp16",
     torch.float32: "fp32",
     torch.int8: "int8",
+    torch.float8_e4m3fn: "fp8_e4m3",
 }
 
 
@@ -163,14 +164,15 @@ def check_slots(
 
 
 def check_state_scales(pool: Pool, state_scales, cache_buffer) -> None:
-    """An int8 state's ``state_scales``: fp32 ``[slots, HV, V]`` (the pool's leading dims, one
-    scale per row), rows contiguous; none for any other state; and no verify cache beside an
-    int8 state (its format is not decided: docs/design.md, "Quantized state")."""
+    """A quantized (int8 or fp8 e4m3) state's ``state_scales``: fp32 ``[slots, HV, V]`` (the
+    pool's leading dims, one scale per row), rows contiguous; none for any other state; and no
+    verify cache beside a quantized state (its format is not decided: docs/design.md,
+    "Quantized state")."""
     state_scales = require_tensor("state_scales", state_scales, optional=True)
     if pool.dtype not in SCALED_STATE_DTYPES:
         if state_scales is not None:
             raise ValueError(
-                f"state_scales: only a quantized state has scales (int8); {pool.name} is "
+                f"state_scales: only a quantized state has scales (int8, fp8_e4m3); {pool.name} is "
                 f"{pool.dtype}, so pass state_scales=None"
             )
         return
@@ -190,9 +192,9 @@ def check_state_scales(pool: Pool, state_scales, cache_buffer) -> None:
     require_contiguous("state_scales", state_scales)
     if cache_buffer is not None:
         raise ValueError(
-            "intermediate_states_buffer: a verify cache beside an int8 state is not served (its "
-            "format is not decided); store each token's state in the pool with a per-token slot "
-            "table instead"
+            f"intermediate_states_buffer: a verify cache beside an {pool.dtype} state is not "
+            "served (its format is not decided); store each token's state in the pool with a "
+            "per-token slot table instead"
         )
 
 

@@ -225,10 +225,10 @@ class Variant(_Strict):
         parts.append(sm_suffix(sm))
         return "_".join(parts)
 
-    def _int8_fits(self) -> None:
-        """An int8 state row's scale is the amax of its K values, which its group reduces with
-        a butterfly as it stores: a K-last solve, one group a row (docs/design.md, "Quantized
-        state")."""
+    def _scaled_fits(self) -> None:
+        """A quantized (int8, fp8 e4m3) state row's scale is the amax of its K values, which its
+        group reduces with a butterfly as it stores: a K-last solve, one group a row
+        (docs/design.md, "Quantized state")."""
         limits = (
             ("layout", self.layout, "k_last"),
             ("k_splits", self.k_splits, 1),
@@ -238,8 +238,8 @@ class Variant(_Strict):
         for knob, value, needed in limits:
             if value != needed:
                 raise ValueError(
-                    f"{knob}: an int8 state is served by the K-last solves without K splits "
-                    f"or cache operators ({knob}: {needed}); got {knob}: {value}"
+                    f"{knob}: an {self.state_dtype} state is served by the K-last solves without "
+                    f"K splits or cache operators ({knob}: {needed}); got {knob}: {value}"
                 )
 
     @model_validator(mode="after")
@@ -275,7 +275,7 @@ class Variant(_Strict):
                 f"fp32 registers; at most {MAX_STATE_REGS} leave room for the rest of the kernel"
             )
         if self.state_dtype in SCALED_STATE_DTYPES:
-            self._int8_fits()
+            self._scaled_fits()
         if self.k_splits > 1 and self.solve != "stepwise":
             raise ValueError(
                 f"k_splits={self.k_splits} needs solve: stepwise (the staged solve reduce-scatters "

@@ -10,6 +10,7 @@ from gdngen.problem import PackedProblem
 from gdngen.runtime.checks import check_call
 from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.launcher import DecodeCall
+from gdngen.terms import variant_pair
 from tests.compare import assert_close
 from tests.gpu.check_form import check_against, expected_of, kernel_form, run_form
 
@@ -164,7 +165,7 @@ def test_every_solve_path_reads_packed_rows_of_every_length(name):
         for p in (
             PackedProblem(
                 sequences=9, tokens=tokens, layout=LAYOUTS[name[:2]],
-                state_dtype=name.split("_")[1], padded_rows=(3,), mixed_lengths=True, seed=seed,
+                state_dtype=variant_pair(name)[1], padded_rows=(3,), mixed_lengths=True, seed=seed,
             )  # fmt: skip
             for seed in range(100, 200)
         )
@@ -180,7 +181,7 @@ def test_every_solve_path_reads_uniform_rows_and_an_exact_table(name):
     up front (CompileKey.uniform_rows and exact_slot_table); a padded row and every accepted
     count."""
     problem = PackedProblem(
-        sequences=11, tokens=4, layout=LAYOUTS[name[:2]], state_dtype=name.split("_")[1],
+        sequences=11, tokens=4, layout=LAYOUTS[name[:2]], state_dtype=variant_pair(name)[1],
         padded_rows=(2,), extra_columns=1, uniform_seqlen=True, seed=60,
     )  # fmt: skip
     args = run_form(h200.variant(name), problem)

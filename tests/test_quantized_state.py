@@ -1,5 +1,6 @@
-"""The int8 state (docs/design.md, "Quantized state") without a GPU: the spec's limits on its
-variants, the call's checks of the pool and its scales, and the reference's int8 pool."""
+"""The quantized states, int8 and fp8 e4m3 (docs/design.md, "Quantized state"), without a GPU:
+the spec's limits on their variants, the call's checks of the pool and its scales, and the
+reference's quantized pool."""
 
 import pytest
 import torch
@@ -7,10 +8,11 @@ import torch
 import generated.h200
 from gdngen.problem import Problem
 from gdngen.reference.decode import reference_call
-from gdngen.reference.state_formats import store
+from gdngen.reference.state_formats import STORAGE_DTYPES, store
 from gdngen.runtime.checks import check_call
 from gdngen.spec.model import Variant
-from tests.int8_state import assert_int8_pool, int8_pool
+from gdngen.terms import SCALED_STATE_FORMATS
+from tests.quantized_state import assert_quantized_pool, quantized_pool
 from tests.test_checks import make_args, on_fake_cuda
 
 INFO = generated.h200.INFO
@@ -20,8 +22,11 @@ INFO = generated.h200.INFO
     "knob,value",
     [("layout", "v_last"), ("k_splits", 2), ("state_load_cache", "streaming")],
 )
-def test_an_int8_variant_outside_the_k_last_solves_is_refused(knob, value):
-    knobs = dict(layout="k_last", state_dtype="int8", tile_v=32, ilp=4, vec=8, threads_per_group=16)
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_a_quantized_variant_outside_the_k_last_solves_is_refused(knob, value, state_dtype):
+    knobs = dict(
+        layout="k_last", state_dtype=state_dtype, tile_v=32, ilp=4, vec=8, threads_per_group=16
+    )
     Variant(**knobs)  # the served points: stepwise and staged
     Variant(**knobs, solve="staged")
     with pytest.raises(ValueError, match=knob):
@@ -30,18 +35,20 @@ def test_an_int8_variant_outside_the_k_last_solves_is_refused(knob, value):
         )
 
 
-def test_the_h200_serves_an_int8_k_last_state():
-    assert ("k_last", "int8") in INFO.served
-    assert any(v.startswith("kl_int8_") for v in generated.h200.VARIANTS)
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_the_h200_serves_a_quantized_k_last_state(state_dtype):
+    assert ("k_last", state_dtype) in INFO.served
+    assert any(v.startswith(f"kl_{state_dtype}_") for v in generated.h200.VARIANTS)
 
 
-def _int8_args(**problem):
-    return on_fake_cuda(int8_pool(make_args(**problem)))
+def _quantized_args(state_dtype="int8", **problem):
+    return on_fake_cuda(quantized_pool(make_args(**problem), state_dtype))
 
 
-def test_an_int8_call_checks_out_with_its_scales():
-    call = check_call(INFO, **_int8_args())
-    assert call.state_dtype == "int8"
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_a_quantized_call_checks_out_with_its_scales(state_dtype):
+    call = check_call(INFO, **_quantized_args(state_dtype))
+    assert call.state_dtype == state_dtype
 
 
 @pytest.mark.parametrize(
@@ -63,7 +70,7 @@ def test_an_int8_call_checks_out_with_its_scales():
     ids=["missing", "dtype", "slots", "strides"],
 )
 def test_bad_scales_are_refused_naming_the_argument(change, fragments):
-    args = _int8_args()
+    args = _quantized_args()
     change(args)
     with pytest.raises((TypeError, ValueError)) as error:
         check_call(INFO, **args)
@@ -78,21 +85,23 @@ def test_scales_beside_another_state_are_refused():
         check_call(INFO, **args)
 
 
-def test_a_verify_cache_beside_an_int8_state_is_refused():
-    args = _int8_args(tokens=2, cache_steps=2, disable_state_update=True)
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_a_verify_cache_beside_a_quantized_state_is_refused(state_dtype):
+    args = _quantized_args(state_dtype, tokens=2, cache_steps=2, disable_state_update=True)
     with pytest.raises(
-        ValueError, match="intermediate_states_buffer: a verify cache beside an int8"
+        ValueError, match=f"intermediate_states_buffer: a verify cache beside an {state_dtype}"
     ):
         check_call(INFO, **args)
 
 
-def test_the_reference_reads_and_stores_an_int8_pool():
-    # An int8 pool is its dequantized states for the recurrence, and each state it stores is
-    # state_formats.store of the float64 state the fp64 pool's call ends with.
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_the_reference_reads_and_stores_a_quantized_pool(state_dtype):
+    # A quantized pool is its dequantized states for the recurrence, and each state it stores
+    # is state_formats.store of the float64 state the fp64 pool's call ends with.
     args = Problem(
         batch=3, tokens=2, H=2, HV=4, K=16, V=16, pool_size=6, padded_rows=(1,), seed=5
     ).make("cpu")
-    quantized = int8_pool(args)
+    quantized = quantized_pool(args, state_dtype)
     pool, scales = quantized["initial_state"], quantized["state_scales"]
     exact = pool.double() * scales.double()[..., None]  # the dequantized states, in float64
     tensors = [args[n] for n in ("q", "k", "v")]
@@ -107,26 +116,28 @@ def test_the_reference_reads_and_stores_an_int8_pool():
     for slot in args["initial_state_indices"].tolist():
         if slot < 0:
             continue
-        stored = store(wide.pool[slot], "int8_row")
-        assert torch.equal(got.pool[slot], stored.values)
+        stored = store(wide.pool[slot], SCALED_STATE_FORMATS[state_dtype])
+        assert torch.equal(got.pool[slot].view(torch.int8), stored.values.view(torch.int8))
         assert torch.equal(got.scales[slot], stored.scales)
-    assert_int8_pool(got.pool, got.scales, got.pool, got.scales, pool, scales)
+    assert_quantized_pool(got.pool, got.scales, got.pool, got.scales, pool, scales)
 
 
-def test_a_problem_draws_an_int8_pool_with_its_scales():
-    # what gdngen tune and bench time on an int8 state (their check reads state_copy)
-    from gdngen.measure.check import INT8_CHECK_TOL, check_tolerance
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_a_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
+    # what gdngen tune and bench time on a quantized state (their check reads state_copy)
+    from gdngen.measure.check import SCALED_CHECK_TOL, check_tolerance
     from gdngen.problem import state_copy
 
-    problem = Problem(batch=3, H=2, HV=4, K=16, V=16, pool_size=5, state_dtype="int8", seed=2)
+    problem = Problem(batch=3, H=2, HV=4, K=16, V=16, pool_size=5, state_dtype=state_dtype, seed=2)
     args = problem.make("cpu")
     pool, scales = args["initial_state"], args["state_scales"]
-    assert pool.dtype == torch.int8 and scales.shape == (5, 4, 16)
+    fmt = SCALED_STATE_FORMATS[state_dtype]
+    assert pool.dtype == STORAGE_DTYPES[fmt] and scales.shape == (5, 4, 16)
     drawn = problem.with_(state_dtype="fp32").make("cpu")["initial_state"]
-    assert torch.equal(pool, store(drawn, "int8_row").values)
+    assert torch.equal(pool.view(torch.int8), store(drawn, fmt).values.view(torch.int8))
     assert torch.equal(state_copy(args), pool.float() * scales[..., None])
     assert problem.state_bytes() == 1 + 4 / 16
-    with pytest.raises(ValueError, match="cache_steps: an int8 state has no verify cache"):
+    with pytest.raises(ValueError, match=f"cache_steps: an {state_dtype} state has no verify"):
         problem.with_(cache_steps=1).make("cpu")
-    assert check_tolerance("int8", 5e-3) == INT8_CHECK_TOL
+    assert check_tolerance(state_dtype, 5e-3) == SCALED_CHECK_TOL[state_dtype]
     assert check_tolerance("bf16", 5e-3) == 5e-3
