@@ -15,6 +15,9 @@ StateDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8_e4m3"]
 #: the format of gdngen.reference.state_formats each is (docs/design.md, "Quantized state")
 SCALED_STATE_FORMATS = {"int8": "int8_row", "fp8_e4m3": "fp8_e4m3_row"}
 SCALED_STATE_DTYPES = tuple(SCALED_STATE_FORMATS)
+#: the largest value each stores, in units of its row's scale (scale = the row's amax / it): the
+#: int8 range, and the largest finite e4m3fn (torch.finfo(torch.float8_e4m3fn).max)
+SCALED_STATE_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 #: bytes per state element, by state dtype (a scaled dtype's scales apart)
 STATE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "int8": 1, "fp8_e4m3": 1}
 #: the SM targets a spec may name; gdngen.sm has what each offers a kernel
@@ -123,9 +126,12 @@ def variant_pair(name: str) -> tuple[str, str]:
     (The runtime reads it from the name, so that it need not import the kernel module.)"""
     prefix, _, rest = name.partition("_")
     layouts = {p: layout for layout, p in LAYOUT_PREFIX.items()}
-    # the longest dtype the rest begins with: fp8_e4m3 has a "_" of its own
-    dtypes = sorted(get_args(StateDtype), key=len, reverse=True)
-    return layouts[prefix], next(d for d in dtypes if rest.startswith(d + "_"))
+    return layouts[prefix], next(d for d in _DTYPES_LONGEST_FIRST if rest.startswith(d + "_"))
+
+
+#: the state dtypes, longest first: the one a variant name's rest begins with is the longest that
+#: matches (fp8_e4m3 has a "_" of its own)
+_DTYPES_LONGEST_FIRST = sorted(get_args(StateDtype), key=len, reverse=True)
 
 
 #: the header line of an emitted kernel module that reuses another target's kernel body, naming

@@ -12,12 +12,11 @@ scales (amax over the format's largest value, of those states) agree to fp32 ari
 import torch
 
 from gdngen.reference.state_formats import store
-from gdngen.terms import SCALED_STATE_FORMATS
+from gdngen.runtime.pool_checks import STATE_DTYPES
+from gdngen.terms import SCALED_STATE_FORMATS, SCALED_STATE_MAX
 
 #: fp32 arithmetic over a few tokens of 128-term sums, relative to a row's amax
 FP32_ROW_TOL = 2e-5
-#: the largest stored value of each format, in units of its row's scale
-FORMAT_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
 
 
 def quantized_pool(args: dict, state_dtype: str = "int8") -> dict:
@@ -60,7 +59,7 @@ def assert_quantized_pool(
     got_values, ref_values = values[written], expected_values[written]
     got = got_values.double() * got_scale[..., None]
     ref = ref_values.double() * ref_scale[..., None]
-    top = FORMAT_MAX[values.dtype]
+    top = SCALED_STATE_MAX[STATE_DTYPES[values.dtype]]
     bound = (
         _half_steps(got_values, got_scale[..., None])
         + _half_steps(ref_values, ref_scale[..., None])

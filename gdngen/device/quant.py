@@ -42,9 +42,7 @@ from cutlass import Float32, Int8, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-INT8_MAX = 127.0
-#: the largest finite e4m3fn value (torch.finfo(torch.float8_e4m3fn).max)
-FP8_E4M3_MAX = 448.0
+from gdngen.terms import SCALED_STATE_MAX
 
 
 @cute.jit
@@ -61,6 +59,12 @@ def load_scaled_rows(
     scales = cute.make_rmem_tensor((ilp,), Float32)
     load_row_scales(scales, scale_rows, first_row, ilp)
     dequantize_rows(h, packed_words(src), scales, ilp, vec, src.element_type)
+
+
+def word_tile(ilp: int, vec: int) -> cute.Tensor:
+    """A lane's ``(ilp, vec)`` tile of 8-bit values in registers, as :func:`packed_words` has
+    it: ``(ilp, vec / 4)`` words, row-major (uninitialised)."""
+    return cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
 
 
 def packed_words(tile: cute.Tensor) -> cute.Tensor:
@@ -91,7 +95,7 @@ def dequantize_rows(
     """h (the lane's ``(ilp, vec)`` fp32 tile) = the tile ``words`` (:func:`packed_words`, in
     registers or where it is loaded from) of format ``fmt`` (Int8 or Float8E4M3FN) times
     ``scales``, one a row."""
-    held = cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
+    held = word_tile(ilp, vec)
     held.store(words.load())
     for i in cutlass.range_constexpr(ilp):
         for w in cutlass.range_constexpr(vec // 4):
@@ -119,7 +123,7 @@ def store_scaled_rows(
     the rows' scales into ``scale_rows[first_row ..]``. Every lane of the group must take part
     (the butterfly)."""
     is_int8 = dst.element_type is Int8
-    packed = cute.make_rmem_tensor(cute.make_layout((ilp, vec // 4), stride=(vec // 4, 1)), Int32)
+    packed = word_tile(ilp, vec)
     for i in cutlass.range_constexpr(ilp):
         amax = Float32(0.0)
         for j in cutlass.range_constexpr(vec):
@@ -129,7 +133,7 @@ def store_scaled_rows(
         scale = Float32(
             cutlass.select_(
                 amax > Float32(0.0),
-                amax / Float32(INT8_MAX if is_int8 else FP8_E4M3_MAX),
+                amax / Float32(SCALED_STATE_MAX["int8" if is_int8 else "fp8_e4m3"]),
                 Float32(1.0),
             )
         )

@@ -32,8 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-INT8_MAX = 127.0
+from gdngen.terms import SCALED_STATE_MAX
+
+FP8_E4M3_MAX = SCALED_STATE_MAX["fp8_e4m3"]  # torch.finfo(torch.float8_e4m3fn).max
+INT8_MAX = SCALED_STATE_MAX["int8"]
 TILE_ROWS = 32
 
 CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
