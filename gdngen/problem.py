@@ -263,9 +263,16 @@ class PackedProblem:
 
         columns = T + self.wide_table if self.slots == "per_token" else 1
         pool_size = self.pool_size or N * columns + 8
-        pool = randn(pool_size, HV, *self.head_shape, dtype=TORCH_DTYPES[self.state_dtype], std=0.5)
+        state_dtype = TORCH_DTYPES.get(self.state_dtype, torch.float32)
+        pool = randn(pool_size, HV, *self.head_shape, dtype=state_dtype, std=0.5)
+        pool, scaled = _stored_state(pool, self.state_dtype)
+        if scaled and self.cache != "none":
+            raise ValueError(
+                f"cache: an {self.state_dtype} state has no verify cache (docs/design.md, "
+                '"Quantized state")'
+            )
         perm = torch.randperm(pool_size - 1, generator=gen)[: N * columns] + 1  # slot 0: null
-        args.update(initial_state=pool, state=None, null_slot=self.null_slot)
+        args.update(initial_state=pool, state=None, null_slot=self.null_slot, **scaled)
         pad = min(self.null_slot, -1) if self.null_slot < 0 else self.null_slot
         if self.slots == "per_token":
             table = torch.full((N, columns + self.extra_columns), pad, dtype=torch.int64)

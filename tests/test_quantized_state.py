@@ -141,3 +141,22 @@ def test_a_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
         problem.with_(cache_steps=1).make("cpu")
     assert check_tolerance(state_dtype, 5e-3) == SCALED_CHECK_TOL[state_dtype]
     assert check_tolerance("bf16", 5e-3) == 5e-3
+
+
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_a_packed_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
+    # the packed (varlen) form's pool is the quantized fp32 draw of the same seed, with its
+    # scales passed beside it; a verify cache is refused as on the positional form
+    from gdngen.problem import PackedProblem
+
+    problem = PackedProblem(
+        sequences=3, tokens=2, H=2, HV=4, K=16, V=16, uniform_seqlen=True, state_dtype=state_dtype
+    )
+    args = problem.make("cpu")
+    pool, scales = args["initial_state"], args["state_scales"]
+    fmt = SCALED_STATE_FORMATS[state_dtype]
+    assert pool.dtype == STORAGE_DTYPES[fmt] and scales.shape == (*pool.shape[:2], 16)
+    drawn = problem.with_(state_dtype="fp32").make("cpu")["initial_state"]
+    assert torch.equal(pool.view(torch.int8), store(drawn, fmt).values.view(torch.int8))
+    with pytest.raises(ValueError, match=f"cache: an {state_dtype} state has no verify"):
+        problem.with_(cache="rows").make("cpu")
