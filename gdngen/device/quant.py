@@ -29,6 +29,14 @@ bytes (docs/perf/h200-2026-11-28-int8-tune.md):
   two halves (``cvt.rn.f16x2.e4m3x2``) and each half to fp32 as loaded; two fp32 values to two
   e4m3 (``cvt.rn.satfinite.e4m3x2.f32``) as stored.
 
+A kernel that solves one token (T = 1, the stepwise solve) keeps its tile in units of its rows'
+scales instead: h[i, :] is ``units[i] * t[i, :]``, t the values as loaded (one I2F each, no
+multiply). The dots take t and multiply their sums by ``units``, the update ``h' = g h + c k``
+becomes ``t += (c / units') k`` with ``units' = g units`` (a row's multiply, not a value's), and
+the store quantizes t against its own amax: ``round(t * MAX / amax(t))``, scale ``units' *
+amax(t) / MAX``. That is the same row as ``round(h' / (amax(h') / MAX))`` but for rounding, with
+one multiply a value fewer on each side (:data:`UNITS_FLOOR` bounds ``units'`` from below).
+
 Dequantizing through MAGIC as well (a byte permute, an add and a multiply a value) timed 5%
 slower at B = 512, HV = 64, T = 1 than the I2F; an I2F and a float-to-int conversion a value
 each way, the values unpacked, took 1.34-1.41x as long.
@@ -43,6 +51,15 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from gdngen.terms import SCALED_STATE_MAX
+
+#: The least ``units`` of a row kept in units of its scale. ``g * units`` is 0 where the gate
+#: underflowed (exp(-400), say) or the row is all zeros, and ``c / units`` would be infinite.
+#: Clamped to 2^-64, a row keeps ``2^-64 * t`` of a smaller decay: at most 127 * 2^-64 (448 *
+#: 2^-64 for e4m3), about 1e-17, off each value. ``c * k`` may then reach 2^128 / 2^64, about
+#: 1.8e19, before ``c / units * k`` overflows.
+UNITS_FLOOR = 2.0**-64
+#: fp32's smallest normal value, 2^-126
+SMALLEST_NORMAL = 2.0**-126
 
 
 @cute.jit
@@ -94,7 +111,8 @@ def dequantize_rows(
 ):
     """h (the lane's ``(ilp, vec)`` fp32 tile) = the tile ``words`` (:func:`packed_words`, in
     registers or where it is loaded from) of format ``fmt`` (Int8 or Float8E4M3FN) times
-    ``scales``, one a row."""
+    ``scales``, one a row; with ``scales`` None, the values as they are (a tile kept in units
+    of its rows' scales)."""
     held = word_tile(ilp, vec)
     held.store(words.load())
     for i in cutlass.range_constexpr(ilp):
@@ -104,7 +122,10 @@ def dequantize_rows(
                     value = _signed_byte(held[i, w], byte)
                 else:
                     value = _e4m3_byte(held[i, w], byte)
-                h[i, 4 * w + byte] = value * scales[i]
+                if cutlass.const_expr(scales is None):
+                    h[i, 4 * w + byte] = value
+                else:
+                    h[i, 4 * w + byte] = value * scales[i]
 
 
 @cute.jit
@@ -117,12 +138,15 @@ def store_scaled_rows(
     ilp: cutlass.Constexpr[int],
     vec: cutlass.Constexpr[int],
     butterfly: cutlass.Constexpr,
+    units=None,
 ):
     """Quantize the lane's ``(ilp, vec)`` fp32 tile h into the tile ``dst`` (int8 or fp8 e4m3,
     its element type), each row with its group's scale; the lane where ``writer`` holds stores
     the rows' scales into ``scale_rows[first_row ..]``. Every lane of the group must take part
-    (the butterfly)."""
+    (the butterfly). With ``units`` (``ilp`` registers), row i of the tile is ``units[i] *
+    h[i, :]`` (a tile kept in units of its rows' scales)."""
     is_int8 = dst.element_type is Int8
+    largest = SCALED_STATE_MAX["int8" if is_int8 else "fp8_e4m3"]
     packed = word_tile(ilp, vec)
     for i in cutlass.range_constexpr(ilp):
         amax = Float32(0.0)
@@ -130,16 +154,17 @@ def store_scaled_rows(
             amax = _max_abs(amax, h[i, j])
         for offset in butterfly:
             amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=offset))
-        scale = Float32(
-            cutlass.select_(
-                amax > Float32(0.0),
-                amax / Float32(SCALED_STATE_MAX["int8" if is_int8 else "fp8_e4m3"]),
-                Float32(1.0),
-            )
+        # No division: the approximate reciprocal (MUFU.RCP, within an ulp of 1 / amax) can
+        # round h * inverse differently from h / scale only where that is within two ulps of a
+        # tie, which moves the value by one step at most there. A row whose amax is below the
+        # smallest normal float (which the reciprocal flushes to zero) stores as zeros.
+        nonzero = amax >= Float32(SMALLEST_NORMAL)
+        inverse = Float32(
+            cutlass.select_(nonzero, largest * cute.arch.rcp_approx(amax), Float32(1.0))
         )
-        # One division a row; h * (1 / scale) can round differently from h / scale only where
-        # h / scale is within an ulp of a tie, which moves the value by one step at most there.
-        inverse = Float32(1.0) / scale
+        if cutlass.const_expr(units is not None):
+            amax = units[i] * amax
+        scale = Float32(cutlass.select_(nonzero, amax * (1.0 / largest), Float32(1.0)))
         for w in cutlass.range_constexpr(vec // 4):
             if cutlass.const_expr(is_int8):
                 rounded = [_rounded_over_magic(h[i, 4 * w + byte], inverse) for byte in range(4)]

@@ -87,17 +87,22 @@ QUANTIZED_VARIANTS = [
 @pytest.mark.parametrize("variant", QUANTIZED_VARIANTS)
 def test_every_quantized_variant(variant):
     state_dtype = importlib.import_module(f"generated.h200.kernels.{variant}").STATE_DTYPE
-    # Dense rows at T = 2 with a padding row, then vLLM's verify form at T = 4.
+    # Dense rows at T = 1 (a tile kept in units of its rows' scales: gdngen/device/quant.py) and
+    # T = 2, with a padding row, then vLLM's verify form at T = 1 and T = 4.
     call = h200.variant(variant)
-    problem = Problem(batch=37, tokens=2, HV=32, pool_size=45, padded_rows=(5,), seed=7)
-    args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(args, read_slots=args["initial_state_indices"], call=call)
-    problem = PackedProblem(sequences=9, tokens=4, HV=32, padded_rows=(2,), seed=8)
-    args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(
-        args, read_slots=args["initial_state_indices"], null_slot=0,
-        cu_seqlens=args["cu_seqlens"], num_accepted=args["num_accepted_tokens"], call=call,
-    )  # fmt: skip
+    for tokens in (1, 2):
+        problem = Problem(
+            batch=37, tokens=tokens, HV=32, pool_size=45, padded_rows=(5,), seed=7 + tokens
+        )
+        args = quantized_pool(problem.make("cuda"), state_dtype)
+        _check(args, read_slots=args["initial_state_indices"], call=call)
+    for tokens in (1, 4):
+        problem = PackedProblem(sequences=9, tokens=tokens, HV=32, padded_rows=(2,), seed=8)
+        args = quantized_pool(problem.make("cuda"), state_dtype)
+        _check(
+            args, read_slots=args["initial_state_indices"], null_slot=0,
+            cu_seqlens=args["cu_seqlens"], num_accepted=args["num_accepted_tokens"], call=call,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
