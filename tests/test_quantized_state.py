@@ -160,3 +160,45 @@ def test_a_packed_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
     assert torch.equal(pool.view(torch.int8), store(drawn, fmt).values.view(torch.int8))
     with pytest.raises(ValueError, match=f"cache: an {state_dtype} state has no verify"):
         problem.with_(cache="rows").make("cpu")
+
+
+FORMATS = ["bf16", "fp32", "int8", "fp8_e4m3"]
+
+
+def test_the_state_formats_bench_checks_its_arguments_and_outputs(capsys):
+    # python -m gdngen.bench.state_formats (docs/perf's quantized-state figures): its grid, its
+    # argument errors, and the output check it holds each format's call to before timing it
+    from gdngen.bench import state_formats as bench
+
+    args = bench.parse_args(["--out", "/tmp/unused", "--tokens", "1,4", "--heads", "32"])
+    assert bench.cells(args)[:2] == [(32, 1, 1), (32, 1, 4)]
+    assert (32, 4, 512) in bench.cells(args) and (32, 4, 4) not in bench.cells(args)
+    for bad, fragment in (
+        (["--formats", "bf16,int4"], "--formats: expected state dtypes"),
+        (["--formats", "int8,fp32"], "--formats: the comparison needs bf16"),
+        (["--batches", "1,x"], "--batches: expected comma-separated integers"),
+    ):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--out", "/tmp/unused", *bad])
+        assert fragment in capsys.readouterr().err
+    for T in (1, 2):
+        problem = bench.cell_problem(4, T, 3, "int8").with_(H=2)
+        args = problem.make("cpu")
+        exact = reference_call(
+            args["q"], args["k"], args["v"], args["initial_state"].float() * args["state_scales"][..., None],
+            args["A_log"], args["a"], args["dt_bias"], args["b"],
+            read_slots=args["initial_state_indices"], null_slot=args.get("null_slot", -1),
+            cu_seqlens=args.get("cu_seqlens") if T > 1 else None,
+            num_accepted=args.get("num_accepted_tokens") if T > 1 else None,
+        ).output  # fmt: skip
+        output = exact.nan_to_num().bfloat16()
+        assert bench.output_error(problem, args, output) < bench.OUTPUT_TOL
+        assert bench.output_error(problem, args, output.flip(-1)) > 0.5  # rows mixed up
+    records = [
+        dict(HV=64, T=1, B=1, us={"bf16": 2.8, "fp32": 4.7, "int8": 2.8, "fp8_e4m3": 2.6,
+             bench.FLASHINFER: 4.2}, variants={f: f"v_{f}" for f in FORMATS}),
+        dict(HV=64, T=4, B=1, us=None, not_timed="int8: output off the reference by 0.9"),
+    ]  # fmt: skip
+    text = bench.markdown(records, dict(formats=FORMATS, target="h200", copy_GBps=4200))
+    assert "| 64 | 1 | 1 | 2.80 | 4.70 | 2.80 | 2.60 | 4.20 | 0.596 | 1.000 | 1.077 |" in text
+    assert "| 64 | 4 | 1 | not timed: int8: output off the reference by 0.9 |" in text
