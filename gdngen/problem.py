@@ -31,12 +31,22 @@ def state_copy(args: dict) -> torch.Tensor:
     return state.float() * scales[..., None]
 
 
-def _stored_state(state: torch.Tensor, state_dtype: str) -> tuple[torch.Tensor, dict]:
-    """``state`` (drawn in fp32 for a quantized dtype) in the state dtype, and the call's
-    keywords that go with it (a quantized state's ``state_scales``)."""
+def _drawn_pool(
+    randn, shape: tuple, state_dtype: str, cache: str | None
+) -> tuple[torch.Tensor, dict]:
+    """A pool of ``shape`` drawn by ``randn`` in ``state_dtype`` (a quantized dtype drawn in fp32
+    and stored with its row scales), and the call's keywords that go with it (a quantized pool's
+    ``state_scales``). ``cache`` names the problem's verify cache where it asks for one, which a
+    quantized pool refuses."""
+    pool = randn(*shape, dtype=TORCH_DTYPES.get(state_dtype, torch.float32), std=0.5)
     if state_dtype not in SCALED_STATE_DTYPES:
-        return state, {}
-    stored = store(state, SCALED_STATE_FORMATS[state_dtype])
+        return pool, {}
+    if cache is not None:
+        raise ValueError(
+            f"{cache}: an {state_dtype} state has no verify cache (docs/design.md, "
+            '"Quantized state")'
+        )
+    stored = store(pool, SCALED_STATE_FORMATS[state_dtype])
     return stored.values, {"state_scales": stored.scales}
 
 
@@ -120,14 +130,8 @@ class Problem:
         dt_bias = randn(HV, dtype=TORCH_DTYPES[self.dt_bias_dtype], std=0.5)
 
         slots = self.pool_size if self.pool_size is not None else B
-        state_dtype = TORCH_DTYPES.get(self.state_dtype, torch.float32)
-        pool = randn(slots, HV, *self.head_shape, dtype=state_dtype, std=0.5)
-        pool, scaled = _stored_state(pool, self.state_dtype)
-        if scaled and self.cache_steps is not None:
-            raise ValueError(
-                f"cache_steps: an {self.state_dtype} state has no verify cache (docs/design.md, "
-                '"Quantized state")'
-            )
+        cache = "cache_steps" if self.cache_steps is not None else None
+        pool, scaled = _drawn_pool(randn, (slots, HV, *self.head_shape), self.state_dtype, cache)
         args = dict(q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, **scaled)
         args["scale"] = self.scale
         args["use_qk_l2norm"] = self.use_qk_l2norm
@@ -161,7 +165,7 @@ class Problem:
             args["intermediate_states_buffer"] = torch.full(
                 (B, self.cache_steps, HV, *self.head_shape),
                 float("nan"),
-                dtype=state_dtype,
+                dtype=pool.dtype,
                 device=device,
             )
         return args
@@ -263,14 +267,10 @@ class PackedProblem:
 
         columns = T + self.wide_table if self.slots == "per_token" else 1
         pool_size = self.pool_size or N * columns + 8
-        state_dtype = TORCH_DTYPES.get(self.state_dtype, torch.float32)
-        pool = randn(pool_size, HV, *self.head_shape, dtype=state_dtype, std=0.5)
-        pool, scaled = _stored_state(pool, self.state_dtype)
-        if scaled and self.cache != "none":
-            raise ValueError(
-                f"cache: an {self.state_dtype} state has no verify cache (docs/design.md, "
-                '"Quantized state")'
-            )
+        cache = "cache" if self.cache != "none" else None
+        pool, scaled = _drawn_pool(
+            randn, (pool_size, HV, *self.head_shape), self.state_dtype, cache
+        )
         perm = torch.randperm(pool_size - 1, generator=gen)[: N * columns] + 1  # slot 0: null
         args.update(initial_state=pool, state=None, null_slot=self.null_slot, **scaled)
         pad = min(self.null_slot, -1) if self.null_slot < 0 else self.null_slot
