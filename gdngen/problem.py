@@ -268,8 +268,16 @@ class PackedProblem:
         columns = T + self.wide_table if self.slots == "per_token" else 1
         pool_size = self.pool_size or N * columns + 8
         cache = "cache" if self.cache != "none" else None
+        # The pool (per-token forms hold B * T states: 4.3 G values at B = 512, T = 8, HV = 64)
+        # is drawn where it lives, by a generator of its own: drawn on the host it took most of
+        # a large cell's bench time.
+        pool_gen = torch.Generator(device=device).manual_seed(self.seed)
+
+        def pool_randn(*shape, dtype=torch.bfloat16, std=1.0):
+            return (torch.randn(*shape, generator=pool_gen, device=device) * std).to(dtype)
+
         pool, scaled = _drawn_pool(
-            randn, (pool_size, HV, *self.head_shape), self.state_dtype, cache
+            pool_randn, (pool_size, HV, *self.head_shape), self.state_dtype, cache
         )
         perm = torch.randperm(pool_size - 1, generator=gen)[: N * columns] + 1  # slot 0: null
         args.update(initial_state=pool, state=None, null_slot=self.null_slot, **scaled)
