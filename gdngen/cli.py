@@ -171,6 +171,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    modes = tuple(args.modes.split(",")) if args.modes else None
+    unknown = [m for m in modes or () if m not in spec.tuning.modes]
+    if unknown:
+        print(
+            f"gdngen tune: --modes {unknown}: the grid of {spec_path} times "
+            f"{list(spec.tuning.modes)} (tuning.modes); add them there first",
+            file=sys.stderr,
+        )
+        return 2
     # The running GPU's own tuning file (tune refuses a GPU model the spec does not list).
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     out = Path(args.out or tuning_path_for_gpu(spec_path, spec, gpu))
@@ -212,8 +221,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             try:
                 measured = tune(
                     spec, sys.argv[1:], pairs=[pair], tokens=(T,), heads=heads,
-                    head_dims=head_dims, replays=args.replays, earlier=old, retime=args.retime,
-                    gpu_turn=gpu_turn,
+                    head_dims=head_dims, modes=modes, replays=args.replays, earlier=old,
+                    retime=args.retime, gpu_turn=gpu_turn,
                 )  # fmt: skip
                 old = merge(old, measured, spec, retimed_by=retimed_by)
             except TuneError as exc:
@@ -462,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pairs", help="only these layout/dtype pairs, e.g. k_last/bf16,v_last/fp32"
     )
     p_tune.add_argument("--tokens", help="only these T values (default: the spec's tuning.tokens)")
+    p_tune.add_argument(
+        "--modes", help="only these call forms of tuning.modes, e.g. spec (default: all of them)"
+    )
     p_tune.add_argument(
         "--heads", help="only these HV values of tuning.heads, e.g. 4,6,8 (default: all of them)"
     )

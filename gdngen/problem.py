@@ -31,6 +31,12 @@ def state_copy(args: dict) -> torch.Tensor:
     return state.float() * scales[..., None]
 
 
+def element_bytes(state_dtype: str, K: int) -> float:
+    """Bytes per state element of ``state_dtype`` in rows of ``K``: a quantized state's fp32 scale
+    a row spread over its values."""
+    return STATE_BYTES[state_dtype] + (4 / K if state_dtype in SCALED_STATE_DTYPES else 0)
+
+
 def _drawn_pool(
     randn, shape: tuple, state_dtype: str, cache: str | None
 ) -> tuple[torch.Tensor, dict]:
@@ -96,8 +102,7 @@ class Problem:
 
     def state_bytes(self) -> float:
         """Bytes per state element (a quantized state's fp32 scale per row of K included)."""
-        scales = 4 / self.K if self.state_dtype in SCALED_STATE_DTYPES else 0
-        return STATE_BYTES[self.state_dtype] + scales
+        return element_bytes(self.state_dtype, self.K)
 
     def moved_bytes(self) -> int:
         """Bytes a call must move at least (docs/design.md, "Measuring")."""
@@ -220,6 +225,24 @@ class PackedProblem:
     @property
     def head_shape(self) -> tuple[int, int]:
         return (self.V, self.K) if self.layout == "k_last" else (self.K, self.V)
+
+    @property
+    def batch(self) -> int:
+        """The call's rows: its packed sequences."""
+        return self.sequences
+
+    def state_bytes(self) -> float:
+        """Bytes per state element (a quantized state's fp32 scale per row of K included)."""
+        return element_bytes(self.state_dtype, self.K)
+
+    def moved_bytes(self) -> int:
+        """Bytes a call must move at least: each sequence's state read once, and stored once a
+        token (per-token slots) or once (a slot a row), with the tokens' inputs and outputs."""
+        N, T = self.sequences, self.tokens
+        state = N * self.HV * self.V * self.K * self.state_bytes()
+        stores = T if self.slots == "per_token" and not self.disable_state_update else 1
+        io = N * T * (2 * self.H * self.K + 2 * self.HV * self.V + 2 * self.HV) * 2
+        return int(state * (1 + stores) + io)
 
     def make(self, device: str | torch.device = "cuda") -> dict:
         """Keyword arguments of gdn_decode."""

@@ -317,18 +317,26 @@ def _explained_rules(
         groups[(cell.layout, cell.state_dtype, cell.mode, cell.tokens)].append(cell)
     for layout, state_dtype in pairs:
         modes = {m for (l, d, m, _) in groups if (l, d) == (layout, state_dtype)}
-        for mode in ("update", "verify"):
+        # "spec" first: its rules are for calls of a per-token slot table alone, which the
+        # "update" rules of a pair without verify cells would otherwise serve ("any")
+        for mode in ("spec", "update", "verify"):
             measured_tokens = sorted(
                 t for (l, d, m, t) in groups if (l, d, m) == (layout, state_dtype, mode)
             )
-            if mode == "verify":
+            form = {}
+            if mode == "spec":
+                # a per-token table stores every token's state; from the first measured T on
+                intermediate, form = "yes", dict(per_token_slots=True)
+            elif mode == "verify":
                 intermediate = "yes"
             else:
                 intermediate = "no" if "verify" in modes else "any"
             for tokens, token_range in _token_ranges(measured_tokens, max_tokens):
+                if mode == "spec" and token_range.lo < tokens:
+                    token_range = Range(lo=tokens, hi=token_range.hi)
                 common = dict(
                     layout=layout, state_dtype=state_dtype, tokens=token_range,
-                    intermediate=intermediate, head_dims=head_dims, gated_norm=False,
+                    intermediate=intermediate, head_dims=head_dims, gated_norm=False, **form,
                 )  # fmt: skip
                 ref = partial(tuned_ref, layout, state_dtype, head_dims, mode, tokens)
                 yield from _group_rules(groups[(layout, state_dtype, mode, tokens)], common, ref)
@@ -375,7 +383,9 @@ def measured_rules(
     nothing of another. They serve calls without the gated RMSNorm epilogue only: the tuning
     times the recurrence alone, and the fastest recurrence need not have the epilogue; the spec's
     rules route the fused calls. A pair with verify cells gets separate rules for calls with
-    intermediate states ("yes") and without ("no"); otherwise "any"."""
+    intermediate states ("yes") and without ("no"); otherwise "any". A pair's "spec" cells
+    (vLLM's per-token slot table, every token's state stored) give rules for calls with such a
+    table (``per_token_slots``), ahead of the pair's others, from their first measured T."""
     return [rule for rule, _ in _explained_rules(cells, pairs, max_tokens, head_dims)]
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from gdngen.problem import Problem
+from gdngen.problem import PackedProblem, Problem
 from gdngen.reference import reference_decode
+from gdngen.reference.decode import reference_call
 
 #: rows of a cell the correctness check compares (the first few and the last)
 CHECK_ROWS = 6
@@ -60,4 +61,50 @@ def check_against_reference(
         if problem.layout == "v_last":
             got = got.transpose(-1, -2)
         errors.append(_rel(got, ref.final_state))
+    return max(errors)
+
+
+def check_packed_against_reference(
+    problem: PackedProblem, args: dict, bound, pool_before: torch.Tensor
+) -> float:
+    """:func:`check_against_reference` for vLLM's per-token slot form (``problem.slots`` is
+    "per_token"): the largest relative error of the output and of every state the call stored,
+    over a few of its sequences, after one run. The reference runs those sequences on a pool of
+    only the slots their table names (``pool_before``, dequantized where quantized), so that a
+    cell of 4 G state values needs no float64 copy of its whole pool."""
+    if problem.slots != "per_token" or problem.flat or problem.mixed_qkv:
+        raise ValueError(
+            f"problem: expected the per-token slot form with [1, tokens, ...] inputs; got {problem}"
+        )
+    bound.run()
+    device = args["q"].device
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    N, null = problem.sequences, args.get("null_slot", -1)
+    rows = sorted({*range(min(N, CHECK_ROWS - 1)), N - 1})
+    bounds = args["cu_seqlens"].long().cpu()
+    tokens = torch.cat([torch.arange(int(bounds[r]), int(bounds[r + 1])) for r in rows])
+    tokens = tokens.to(device)
+    lengths = torch.tensor([int(bounds[r + 1] - bounds[r]) for r in rows])
+    cu = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    picked = torch.tensor(rows, device=device)
+    table = args["initial_state_indices"][picked].long()
+    live = table > null
+    slots = torch.unique(table[live])
+    # slot 0 of the small pool stands for no slot (padding entries keep their values <= 0)
+    small = torch.cat([torch.zeros_like(pool_before[:1]), pool_before[slots]])
+    remapped = torch.where(live, torch.searchsorted(slots, table) + 1, table)
+    ref = reference_call(
+        args["q"][:, tokens], args["k"][:, tokens], args["v"][:, tokens], small, args["A_log"],
+        args["a"][:, tokens], args["dt_bias"], args["b"][:, tokens], scale=args.get("scale"),
+        use_qk_l2norm=args.get("use_qk_l2norm", True), read_slots=remapped, null_slot=null,
+        cu_seqlens=cu.to(device), num_accepted=args["num_accepted_tokens"][picked],
+        state_layout=problem.layout,
+    )  # fmt: skip
+    output = bound.read_output()[:, tokens]
+    written = ~torch.isnan(ref.output)
+    errors = [_rel(output[written], ref.output[written])]
+    stored = bound.read_state()[table[live]]
+    errors.append(_rel(stored, ref.pool[remapped[live]].to(stored.device).double()))
     return max(errors)

@@ -58,9 +58,8 @@ class Impl:
 
 
 def _output(problem: Problem, args: dict) -> torch.Tensor:
-    return torch.empty(
-        problem.batch, problem.tokens, problem.HV, problem.V, dtype=args["q"].dtype, device="cuda"
-    )
+    """The call's output buffer: v's shape ([B, T, HV, V], or [1, tokens, HV, V] packed)."""
+    return torch.empty(args["v"].shape, dtype=args["v"].dtype, device="cuda")
 
 
 class Gdngen(Impl):

@@ -429,7 +429,11 @@ class Tuning(_Strict):
     tokens: tuple[int, ...] = (1, 2, 4, 8)
     batch: tuple[int, ...] = (1, 4, 16, 64, 256, 512)
     heads: tuple[int, ...] = (32, 64)
-    modes: tuple[Literal["update", "verify"], ...] = ("update", "verify")
+    #: the call forms timed: "update" (dense rows, the final state stored), "verify" (a
+    #: positional cache of every token's state, the pool left as it was) and "spec" (vLLM's
+    #: speculative-decode form: B sequences of T tokens packed, a [B, T] per-token slot table,
+    #: every token's state stored in the pool; T >= 2), each with rules of its own
+    modes: tuple[Literal["update", "verify", "spec"], ...] = ("update", "verify")
     #: more head dims (K, V) the grid measures besides its HVs' (``heads``): each at the HVs of
     #: the spec's geometries with those head dims, with the variants built for them
     head_dims: tuple[tuple[int, int], ...] = ()

@@ -32,11 +32,15 @@ from typing import Callable, ContextManager, TextIO
 
 import torch
 
-from gdngen.measure.check import check_against_reference, check_tolerance
+from gdngen.measure.check import (
+    check_against_reference,
+    check_packed_against_reference,
+    check_tolerance,
+)
 from gdngen.measure.environment import environment
 from gdngen.measure.impls import Gdngen
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
-from gdngen.problem import Problem, state_copy
+from gdngen.problem import PackedProblem, Problem, state_copy
 from gdngen.spec.model import Spec
 from gdngen.terms import SCALED_STATE_DTYPES
 
@@ -64,7 +68,7 @@ class TuneError(RuntimeError):
 
 def time_variants(
     target: str,
-    problem: Problem,
+    problem: Problem | PackedProblem,
     names: list[str],
     *,
     replays: int,
@@ -88,7 +92,12 @@ def time_variants(
         runs = {}
         for name in names:
             args = inputs[0]
-            error = check_against_reference(problem, args, bounds[name][0], state_copy(args))
+            check = (
+                check_packed_against_reference
+                if isinstance(problem, PackedProblem)
+                else check_against_reference
+            )
+            error = check(problem, args, bounds[name][0], state_copy(args))
             if not error <= check_tolerance(problem.state_dtype, CHECK_TOL):
                 raise TuneError(
                     f"{name} disagrees with the reference on {problem}: error {error:.3g}"
@@ -172,6 +181,26 @@ def shortlist(cells: list[Cell], factor: float, family: dict[str, str] | None = 
     return sorted(keep)
 
 
+def cell_problem(
+    mode: str, B: int, T: int, geometry, HV: int, layout: str, state_dtype: str
+) -> Problem | PackedProblem:
+    """The call a cell of ``mode`` times (``Tuning.modes``): dense rows, the final state stored
+    ("update") or every token's in a positional cache ("verify"); or vLLM's speculative-decode
+    form ("spec"): B sequences of T tokens packed (``uniform_seqlen``), a [B, T] per-token slot
+    table, every token's state stored in the pool."""
+    g = geometry
+    if mode == "spec":
+        return PackedProblem(
+            sequences=B, tokens=T, H=g.H, HV=HV, K=g.K, V=g.V, layout=layout,
+            state_dtype=state_dtype, uniform_seqlen=True,
+        )  # fmt: skip
+    return Problem(
+        batch=B, tokens=T, H=g.H, HV=HV, K=g.K, V=g.V, layout=layout, state_dtype=state_dtype,
+        pool_size=B, cache_steps=T if mode == "verify" else None,
+        disable_state_update=mode == "verify",
+    )  # fmt: skip
+
+
 def grid_sets(
     spec: Spec,
     pairs: list[tuple[str, str]],
@@ -217,6 +246,7 @@ def tune(
     tokens: tuple[int, ...] | None = None,
     heads: tuple[int, ...] | None = None,
     head_dims: tuple[tuple[int, int], ...] | None = None,
+    modes: tuple[str, ...] | None = None,
     replays: int = 15,
     earlier: TuningFile | None = None,
     retime: bool = False,
@@ -224,7 +254,8 @@ def tune(
     gpu_turn: Callable[[], ContextManager] = nullcontext,
 ) -> TuningFile:
     """Time the candidates of every cell of the spec's tuning grid (or of ``pairs``, ``tokens``,
-    ``heads`` and ``head_dims``, see :func:`grid_sets`), as a tuning file of the cells measured.
+    ``heads`` and ``head_dims``, see :func:`grid_sets`; of ``modes`` of the grid's call forms), as
+    a tuning file of the cells measured.
 
     With ``retime``, only cells already in ``earlier`` are timed, and only their contenders
     (:func:`retime_names`); each comes back as the earlier cell with the new timing added.
@@ -263,8 +294,8 @@ def tune(
             if (c.layout, c.state_dtype, c.head_dims(base)) == (layout, state_dtype, dims)
         ]
         for T in run_tokens:
-            for mode in grid.modes:
-                if mode == "verify" and T == 1:
+            for mode in modes or grid.modes:
+                if mode in ("verify", "spec") and T == 1:
                     continue
                 if mode == "verify" and state_dtype in SCALED_STATE_DTYPES:
                     # no verify cache beside a quantized state: its verify rows store their
@@ -291,12 +322,7 @@ def tune(
                                 why = "one contender" if before else "not in the file"
                                 print(f"{where}: {why}, not retimed", file=progress, flush=True)
                                 continue
-                        problem = Problem(
-                            batch=B, tokens=T, H=g.H, HV=HV, K=g.K, V=g.V, layout=layout,
-                            state_dtype=state_dtype, pool_size=B,
-                            cache_steps=T if mode == "verify" else None,
-                            disable_state_update=mode == "verify",
-                        )  # fmt: skip
+                        problem = cell_problem(mode, B, T, g, HV, layout, state_dtype)
                         try:
                             times = time_variants(
                                 spec.target, problem, timed, replays=replays, gpu_turn=gpu_turn

@@ -38,8 +38,9 @@ class Cell(_Strict):
     state_dtype: StateDtype
     tokens: int = Field(ge=1)
     #: "core": a decode-core cell (``gdngen tune --core``), whose timings are of plans
-    #: (gdngen.terms.plan_name) in vLLM's call forms, with the conv1d prologue and the norm
-    mode: Literal["update", "verify", "core"]
+    #: (gdngen.terms.plan_name) in vLLM's call forms, with the conv1d prologue and the norm;
+    #: "spec": vLLM's per-token slot form (``Tuning.modes``)
+    mode: Literal["update", "verify", "spec", "core"]
     HV: int = Field(gt=0)
     batch: int = Field(gt=0)
     #: the head dims measured where they are not the grid's base (``Spec.tuning_head_dims``), i.e.

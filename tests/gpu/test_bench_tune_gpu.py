@@ -99,6 +99,37 @@ def test_tune_small_grid_feeds_emit(tmp_path):
     measured_rules(again.cells, spec.served, spec.features.max_tokens, spec.tuning_head_dims)
 
 
+def test_tune_spec_mode_times_the_per_token_form_and_feeds_its_rules(tmp_path):
+    """vLLM's per-token slot form (`--modes spec`): each candidate checked against the float64
+    reference on that form, its cells merged beside the update cells, and its rules ahead."""
+    data = yaml.safe_load((ROOT / "specs" / "h200.yaml").read_text())
+    data["tuning"] = {
+        "gpu": "NVIDIA", "tokens": [1, 4], "batch": [1, 16], "heads": [32],
+        "modes": ["update", "spec"],
+    }  # fmt: skip
+    spec_path = tmp_path / "h200.yaml"
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "h200.tuning.yaml"
+    for modes in ("update", "spec"):
+        run = _gdngen(
+            "tune", str(spec_path), "--pairs", "k_last/int8", "--modes", modes, "--replays", "3",
+            "--out", str(out), "--merge",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    spec = parse_spec(spec_path.read_text(), str(spec_path))
+    tuning = load_tuning(out, spec)
+    got = sorted((c.mode, c.tokens, c.batch) for c in tuning.cells)
+    assert got == sorted(
+        [("update", t, b) for t in (1, 4) for b in (1, 16)] + [("spec", 4, b) for b in (1, 16)]
+    )
+    rules = measured_rules(
+        tuning.cells, spec.served, spec.features.max_tokens, spec.tuning_head_dims
+    )
+    per_token = [r for r in rules if r.per_token_slots]
+    assert per_token and rules[: len(per_token)] == per_token
+    assert all(r.tokens.lo == 4 and r.intermediate == "yes" for r in per_token)
+
+
 def test_bench_times_the_dispatched_call_beside_every_candidate(tmp_path):
     out = tmp_path / "side"
     run = _gdngen(
