@@ -21,11 +21,13 @@ def state_of(args: dict):
     return args["state"] if args["state"] is not None else args["initial_state"]
 
 
-def state_copy(args: dict) -> torch.Tensor:
-    """A copy of the call's state as the reference reads it: a quantized pool's values times
-    their ``state_scales`` (fp32), any other state as it is."""
+def state_copy(args: dict, slots: torch.Tensor | None = None) -> torch.Tensor:
+    """A copy of the call's state (only its ``slots``, where given) as the reference reads it: a
+    quantized pool's values times their ``state_scales`` (fp32), any other state as it is."""
     state = state_of(args)
     scales = args.get("state_scales")
+    if slots is not None:
+        state, scales = state[slots], None if scales is None else scales[slots]
     if scales is None:
         return state.clone()
     return state.float() * scales[..., None]

@@ -13,7 +13,7 @@ from gdngen.dispatch import CallShape
 from gdngen.dispatch.measured import measured_rules
 from gdngen.dispatch.rules import FirstMatch
 from gdngen.measure.check import check_packed_against_reference
-from gdngen.problem import PackedProblem, Problem, state_copy
+from gdngen.problem import PackedProblem, Problem
 from gdngen.reference.decode import reference_call
 from gdngen.tune.run import cell_problem
 from gdngen.tune.tuning_file import Cell
@@ -93,12 +93,17 @@ class _ReferenceRun:
             a["q"], a["k"], a["v"], a["initial_state"], a["A_log"], a["a"], a["dt_bias"],
             a["b"], read_slots=a["initial_state_indices"], null_slot=a["null_slot"],
             cu_seqlens=a["cu_seqlens"], num_accepted=a["num_accepted_tokens"],
+            state_scales=a.get("state_scales"),
         )  # fmt: skip
         self.output.copy_(expected.output)
         a["initial_state"].copy_(expected.pool)
+        if expected.scales is not None:
+            a["state_scales"].copy_(expected.scales)
         if self.corrupt:
             slot = a["initial_state_indices"][-1, -1]
-            a["initial_state"][slot] += 0.1 * a["initial_state"][slot].abs().max()
+            scales = a.get("state_scales")
+            target = a["initial_state"] if scales is None else scales
+            target[slot] += 0.1 * target[slot].abs().max()
 
     def read_output(self):
         return self.output
@@ -107,19 +112,20 @@ class _ReferenceRun:
         return self.args["initial_state"]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_packed_check_passes_the_reference_and_catches_a_wrong_state(seed):
+@pytest.mark.parametrize("seed, state_dtype", [(0, "bf16"), (1, "bf16"), (2, "int8")])
+def test_the_packed_check_passes_the_reference_and_catches_a_wrong_state(seed, state_dtype):
     problem = PackedProblem(
-        sequences=9, tokens=3, H=2, HV=4, K=32, V=32, uniform_seqlen=True, seed=seed
-    )
+        sequences=9, tokens=3, H=2, HV=4, K=32, V=32, uniform_seqlen=True, seed=seed,
+        state_dtype=state_dtype,
+    )  # fmt: skip
     args = problem.make("cpu")
-    good = check_packed_against_reference(
-        problem, args, _ReferenceRun(problem, args), state_copy(args)
-    )
-    assert good < 2**-7  # the reference against itself, its states rounded to bf16
+    good = check_packed_against_reference(problem, args, _ReferenceRun(problem, args))
+    # the reference against itself: its states rounded to bf16, or int8 rows (half a step of
+    # amax / 127 a value) against the unrounded float64 states the check's reference keeps
+    assert good < (2**-7 if state_dtype == "bf16" else 0.07)
     args = problem.make("cpu")
     bad = _ReferenceRun(problem, args, corrupt=True)
-    assert check_packed_against_reference(problem, args, bad, state_copy(args)) > 2**-5
+    assert check_packed_against_reference(problem, args, bad) > 2**-5
 
 
 def test_tune_refuses_a_mode_the_grid_does_not_time():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gdngen.problem import PackedProblem, Problem
+from gdngen.problem import PackedProblem, Problem, state_copy
 from gdngen.reference import reference_decode
 from gdngen.reference.decode import reference_call
 
@@ -64,22 +64,17 @@ def check_against_reference(
     return max(errors)
 
 
-def check_packed_against_reference(
-    problem: PackedProblem, args: dict, bound, pool_before: torch.Tensor
-) -> float:
+def check_packed_against_reference(problem: PackedProblem, args: dict, bound) -> float:
     """:func:`check_against_reference` for vLLM's per-token slot form (``problem.slots`` is
-    "per_token"): the largest relative error of the output and of every state the call stored,
-    over a few of its sequences, after one run. The reference runs those sequences on a pool of
-    only the slots their table names (``pool_before``, dequantized where quantized), so that a
-    cell of 4 G state values needs no float64 copy of its whole pool."""
+    "per_token"): the largest relative error of the output and of every state the call stored
+    (in ``args``' pool, where the call writes), over a few of its sequences, after one run. The
+    reference runs those sequences on a pool of only the slots their table names (dequantized
+    where quantized), so that a cell of 4 G state values needs no copy of its whole pool."""
     if problem.slots != "per_token" or problem.flat or problem.mixed_qkv:
         raise ValueError(
             f"problem: expected the per-token slot form with [1, tokens, ...] inputs; got {problem}"
         )
-    bound.run()
     device = args["q"].device
-    if device.type == "cuda":
-        torch.cuda.synchronize()
     N, null = problem.sequences, args.get("null_slot", -1)
     rows = sorted({*range(min(N, CHECK_ROWS - 1)), N - 1})
     bounds = args["cu_seqlens"].long().cpu()
@@ -92,8 +87,12 @@ def check_packed_against_reference(
     table = args["initial_state_indices"][picked].long()
     live = table > null
     slots = torch.unique(table[live])
+    before = state_copy(args, slots)
+    bound.run()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     # slot 0 of the small pool stands for no slot (padding entries keep their values <= 0)
-    small = torch.cat([torch.zeros_like(pool_before[:1]), pool_before[slots]])
+    small = torch.cat([torch.zeros_like(before[:1]), before])
     remapped = torch.where(live, torch.searchsorted(slots, table) + 1, table)
     ref = reference_call(
         args["q"][:, tokens], args["k"][:, tokens], args["v"][:, tokens], small, args["A_log"],
@@ -105,6 +104,6 @@ def check_packed_against_reference(
     output = bound.read_output()[:, tokens]
     written = ~torch.isnan(ref.output)
     errors = [_rel(output[written], ref.output[written])]
-    stored = bound.read_state()[table[live]]
+    stored = state_copy(args, table[live])
     errors.append(_rel(stored, ref.pool[remapped[live]].to(stored.device).double()))
     return max(errors)

@@ -92,12 +92,10 @@ def time_variants(
         runs = {}
         for name in names:
             args = inputs[0]
-            check = (
-                check_packed_against_reference
-                if isinstance(problem, PackedProblem)
-                else check_against_reference
-            )
-            error = check(problem, args, bounds[name][0], state_copy(args))
+            if isinstance(problem, PackedProblem):
+                error = check_packed_against_reference(problem, args, bounds[name][0])
+            else:
+                error = check_against_reference(problem, args, bounds[name][0], state_copy(args))
             if not error <= check_tolerance(problem.state_dtype, CHECK_TOL):
                 raise TuneError(
                     f"{name} disagrees with the reference on {problem}: error {error:.3g}"
