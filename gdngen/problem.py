@@ -39,6 +39,11 @@ def element_bytes(state_dtype: str, K: int) -> float:
     return STATE_BYTES[state_dtype] + (4 / K if state_dtype in SCALED_STATE_DTYPES else 0)
 
 
+def token_io_bytes(tokens: int, H: int, HV: int, K: int, V: int) -> int:
+    """Bytes of ``tokens`` tokens' 16-bit inputs and outputs: q and k, v and the output, a and b."""
+    return tokens * (2 * H * K + 2 * HV * V + 2 * HV) * 2
+
+
 def _drawn_pool(
     randn, shape: tuple, state_dtype: str, cache: str | None
 ) -> tuple[torch.Tensor, dict]:
@@ -112,7 +117,7 @@ class Problem:
         state = B * self.HV * self.V * self.K * self.state_bytes()
         writes = 0 if self.disable_state_update else 1
         cached = T if self.cache_steps is not None else 0
-        io = B * T * (2 * self.H * self.K + 2 * self.HV * self.V + 2 * self.HV) * 2
+        io = token_io_bytes(B * T, self.H, self.HV, self.K, self.V)
         return int(state * (1 + writes + cached) + io)
 
     def make(self, device: str | torch.device = "cuda") -> dict:
@@ -243,7 +248,7 @@ class PackedProblem:
         N, T = self.sequences, self.tokens
         state = N * self.HV * self.V * self.K * self.state_bytes()
         stores = T if self.slots == "per_token" and not self.disable_state_update else 1
-        io = N * T * (2 * self.H * self.K + 2 * self.HV * self.V + 2 * self.HV) * 2
+        io = token_io_bytes(N * T, self.H, self.HV, self.K, self.V)
         return int(state * (1 + stores) + io)
 
     def make(self, device: str | torch.device = "cuda") -> dict:

@@ -108,9 +108,6 @@ class _ReferenceRun:
     def read_output(self):
         return self.output
 
-    def read_state(self):
-        return self.args["initial_state"]
-
 
 @pytest.mark.parametrize("seed, state_dtype", [(0, "bf16"), (1, "bf16"), (2, "int8")])
 def test_the_packed_check_passes_the_reference_and_catches_a_wrong_state(seed, state_dtype):

@@ -295,12 +295,14 @@ def _group_rules(
         yield rule, [point.evidence() for point in merged]
 
 
-def _token_ranges(measured: list[int], last_hi: int) -> Iterator[tuple[int, Range]]:
-    """Each measured T with the T range its rules serve: from it (from 1 for the first) to the
-    next measured T's predecessor, and the last to ``last_hi``."""
+def _token_ranges(
+    measured: list[int], last_hi: int, first_lo: int | None = 1
+) -> Iterator[tuple[int, Range]]:
+    """Each measured T with the T range its rules serve: from it (the first from ``first_lo``,
+    None: from itself) to the next measured T's predecessor, and the last to ``last_hi``."""
     for index, tokens in enumerate(measured):
         last = index + 1 == len(measured)
-        lo = 1 if index == 0 else tokens
+        lo = (first_lo or tokens) if index == 0 else tokens
         yield tokens, Range(lo=lo, hi=last_hi if last else measured[index + 1] - 1)
 
 
@@ -323,17 +325,16 @@ def _explained_rules(
             measured_tokens = sorted(
                 t for (l, d, m, t) in groups if (l, d, m) == (layout, state_dtype, mode)
             )
-            form = {}
+            form, first_lo = {}, 1
             if mode == "spec":
-                # a per-token table stores every token's state; from the first measured T on
-                intermediate, form = "yes", dict(per_token_slots=True)
+                # a per-token table stores every token's state; from the first measured T on (a
+                # per-token call of one token is a dense row's)
+                intermediate, form, first_lo = "yes", dict(per_token_slots=True), None
             elif mode == "verify":
                 intermediate = "yes"
             else:
                 intermediate = "no" if "verify" in modes else "any"
-            for tokens, token_range in _token_ranges(measured_tokens, max_tokens):
-                if mode == "spec" and token_range.lo < tokens:
-                    token_range = Range(lo=tokens, hi=token_range.hi)
+            for tokens, token_range in _token_ranges(measured_tokens, max_tokens, first_lo):
                 common = dict(
                     layout=layout, state_dtype=state_dtype, tokens=token_range,
                     intermediate=intermediate, head_dims=head_dims, gated_norm=False, **form,

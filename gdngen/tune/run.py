@@ -297,7 +297,7 @@ def tune(
                     continue
                 if mode == "verify" and state_dtype in SCALED_STATE_DTYPES:
                     # no verify cache beside a quantized state: its verify rows store their
-                    # states through a per-token slot table, which this grid does not time
+                    # states through a per-token slot table, the "spec" mode's form
                     continue
                 names = (
                     shortlist(first_cells, grid.multi_token_shortlist, families)
