@@ -72,8 +72,10 @@ def test_rules_name_known_variants_and_cover_the_target():
     assert coverage_gap(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, fusions) is None
     # and no rule is dead weight: each is the first match of some call
     assert reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens, fusions) == list(TABLE)
-    # the epilogue's rules come first and route no call without it
-    first = [rule.gated_norm for rule in TABLE]
+    # the epilogue's rules come first (after the measured per-token rules, which route calls
+    # without it alone) and route no call without it
+    first = [rule.gated_norm for rule in TABLE if not (rule.measured and rule.per_token_slots)]
+    assert all(rule.gated_norm is False for rule in TABLE if rule.per_token_slots and rule.measured)
     assert first == sorted(first, key=lambda norm: not norm)
     plain = reached(TABLE, h200.INFO.served, HEAD_DIMS, h200.INFO.max_tokens)
     assert not any(rule.gated_norm for rule in plain)
@@ -89,10 +91,14 @@ def test_the_committed_tables_are_a_rule_a_line():
     rules = [*ahead]
     for table in tables:
         # a table of a GPU model with measured decode-core cells starts with their rules (and
-        # the spec's that hold PDL off for such calls), then AHEAD
+        # the spec's that hold PDL off for such calls), and with measured per-token cells, with
+        # theirs; then AHEAD
         at = next(i for i in range(len(table)) if table[i : i + len(ahead)] == ahead)
         lead = table[:at]
-        assert all(r.conv1d and (r.source.startswith("t:") or not r.pdl) for r in lead)
+        assert all(
+            (r.conv1d and (r.measured or not r.pdl)) or (r.measured and r.per_token_slots)
+            for r in lead
+        )
         rules += [*lead, *table[at + len(ahead) :]]
     assert [eval(line.removesuffix(","), {"row": row}) for line in lines] == rules
 

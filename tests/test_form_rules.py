@@ -21,16 +21,36 @@ def _shape(tokens, batch_heads, packed, per_token):
     )
 
 
+PACKED = (_shape(2, 32768, True, False), _shape(2, 5017, True, False))
+PER_TOKEN = (_shape(8, 8192, True, True), _shape(8, 16384, False, True))
+
+
 @pytest.mark.parametrize("gpu", list(TABLES))
 def test_packed_and_per_token_calls_take_the_form_rules(gpu):
     # docs/perf/h100-2026-11-27-uniform-exact.md: packed tokens with a positional cache at T = 2
-    # and the per-token table at T = 8, at large batch
+    # and the per-token table at T = 8, at large batch; the per-token table on a GPU model
+    # whose tuning timed that form (its spec cells) takes the measured rules instead
     table = TABLES[gpu]
-    for shape in (_shape(2, 32768, True, False), _shape(2, 5017, True, False),
-                  _shape(8, 8192, True, True), _shape(8, 16384, False, True)):  # fmt: skip
+    timed_per_token = any(r.measured and r.per_token_slots for r in table)
+    for shape in PACKED + ((), PER_TOKEN)[not timed_per_token]:
         rule = select(table, shape)
         assert rule.use == SERVES_EVERY_FORM, shape.describe()
         assert rule.source.startswith("spec["), rule.source
+    if timed_per_token:
+        for shape in PER_TOKEN:
+            assert "/spec/T8/" in select(table, shape).source, shape.describe()
+
+
+def test_measured_per_token_rules_go_before_the_spec_rules_for_that_form():
+    table = h200.dispatch.TABLE  # the H200's: its tuning file has spec cells
+    per_token = [i for i, r in enumerate(table) if r.measured and r.per_token_slots]
+    first_static = next(i for i, r in enumerate(table) if not r.measured)
+    assert per_token and max(per_token) < table.index(h200.dispatch.AHEAD[0])
+    assert all(table[i].separate_writes is False for i in per_token), "timed on the read slots"
+    # the conv1d rules held PDL off, and the measured core rules, go first
+    assert first_static < min(per_token) and table[first_static].conv1d
+    # the H100's tuning file has none: its per-token calls keep the spec's form rules
+    assert not any(r.measured and r.per_token_slots for r in h200.dispatch.TABLES["H100"])
 
 
 def test_every_table_starts_with_the_static_rules_ahead_of_the_measured_ones():
@@ -39,10 +59,12 @@ def test_every_table_starts_with_the_static_rules_ahead_of_the_measured_ones():
     assert any(rule.names_form for rule in ahead) and any(rule.gated_norm for rule in ahead)
     for gpu, table in TABLES.items():
         # (a GPU model with measured decode-core cells puts their rules first, and the spec's
-        # that hold PDL off for those calls: docs/design.md, "Tuning the decode core")
+        # that hold PDL off for those calls: docs/design.md, "Tuning the decode core"; then
+        # its measured per-token rules, from its tuning's spec cells)
         lead = 0
         while table[lead : lead + len(ahead)] != ahead:
-            assert table[lead].conv1d, (gpu, table[lead])
+            rule = table[lead]
+            assert rule.conv1d or (rule.measured and rule.per_token_slots), (gpu, rule)
             lead += 1
         assert not any(ahead_of_measured(rule) for rule in table[lead + len(ahead) :]), gpu
 
@@ -73,12 +95,17 @@ def test_fp32_per_token_calls_at_t2_and_t3_take_the_preloading_tile(gpu):
 
     for tokens in (2, 3):
         for batch_heads in (56, 64, 78):
-            assert fp32(tokens, batch_heads, True).use == preloading, (tokens, batch_heads)
+            rule = fp32(tokens, batch_heads, True)
+            if any(r.measured and r.per_token_slots for r in table):
+                # a GPU model whose tuning timed the per-token form: its own pick there
+                assert rule.source.startswith("t:kl/fp32/K128V128/spec/T2/"), rule.source
+            else:
+                assert rule.use == preloading, (tokens, batch_heads)
     # outside the cell, and for the other forms, the table's own picks
     for tokens, batch_heads, per_token in ((4, 64, True), (3, 128, True), (3, 48, True),
                                            (3, 64, False), (2, 64, False)):  # fmt: skip
         rule = fp32(tokens, batch_heads, per_token)
-        assert not (rule.per_token_slots and rule.use == preloading), (tokens, batch_heads)
+        assert not (rule.per_token_slots and not rule.measured), (tokens, batch_heads)
 
 
 def test_builds_of_each_form_include_the_kernel_its_rules_pick():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from gdngen.measure.check import check_packed_against_reference
 from gdngen.problem import PackedProblem, Problem
 from gdngen.reference.decode import reference_call
 from gdngen.tune.run import cell_problem
-from gdngen.tune.tuning_file import Cell
+from gdngen.tune.tuning_file import Cell, CellMode, TuningFile, dump_tuning, read_tuning
 from tests.spec_helpers import ROOT
 
 DIMS = (128, 128)
@@ -35,6 +36,21 @@ def _shape(T: int, batch: int, per_token: bool) -> CallShape:
         "k_last", "int8", T, batch * 64, per_token, DIMS, packed=per_token,
         per_token_slots=per_token,
     )  # fmt: skip
+
+
+def test_every_cell_mode_reads_back_from_its_file(tmp_path):
+    # a tuning file groups its cells by mode, and refuses a group of a mode it does not know
+    # (core cells, whose timings are of plans, have their own: tests/test_core_tuning.py)
+    modes = sorted(mode for mode in get_args(CellMode) if mode != "core")
+    cells = [_cell(mode, 2, 64, DENSE, PER_TOKEN) for mode in modes]
+    tuning = TuningFile(
+        target="h200", sm="sm_90a", gpu="NVIDIA H200", date="2026-11-29",
+        command="gdngen tune specs/h200.yaml --modes spec", variants_sha256={},
+        copy_bw_tbps=4.2, cells=cells,
+    )  # fmt: skip
+    path = tmp_path / "h200.tuning.yaml"
+    path.write_text(dump_tuning(tuning))
+    assert sorted(read_tuning(path).cells, key=lambda c: c.mode) == cells
 
 
 @pytest.fixture

@@ -856,12 +856,12 @@ def test_committed_tuning_matches_the_committed_dispatch(file, gpu):
     for cell in tuning.cells:
         dims = cell.head_dims(spec.tuning_head_dims)
         core = cell.mode == "core"  # vLLM's forms: the per-token table at T > 1
+        per_token = cell.mode == "spec" or (core and cell.tokens > 1)
         rule = h200.select(
             layout=cell.layout, state_dtype=cell.state_dtype, tokens=cell.tokens,
-            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify" or
-            (core and cell.tokens > 1), head_dims=dims, gpu=gpu, heads=cell.HV,
-            gated_norm=core, conv1d=core, per_token_slots=core and cell.tokens > 1,
-            packed=core and cell.tokens > 1,
+            batch_heads=cell.batch_heads, intermediate=cell.mode == "verify" or per_token,
+            head_dims=dims, gpu=gpu, heads=cell.HV, gated_norm=core, conv1d=core,
+            per_token_slots=per_token, packed=per_token,
         )  # fmt: skip
         if core and rule.source.startswith("spec["):
             # the spec's rule that holds PDL off goes first where the cells did not time its

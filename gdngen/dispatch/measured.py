@@ -38,7 +38,7 @@ from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from gdngen.terms import LAYOUT_PREFIX, plan_name, plan_parts, variant_pair
 
-from .rules import Range, Rule
+from .rules import MEASURED_SOURCE, Range, Rule
 
 #: how far a measured cell's dispatched variant may be off its own fastest (mean gap over the
 #: cell's timings, 0.015 = 1.5%) before the cell's HV gets a rule of its own
@@ -260,7 +260,7 @@ def tuned_ref(
         return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
     K, V = head_dims
-    ref = f"t:{LAYOUT_PREFIX[layout]}/{state_dtype}/K{K}V{V}/{mode}/T{tokens}/"
+    ref = f"{MEASURED_SOURCE}{LAYOUT_PREFIX[layout]}/{state_dtype}/K{K}V{V}/{mode}/T{tokens}/"
     ref += f"bh{span(*batch_heads)}"
     return ref + (f"/hv{span(heads.lo, heads.hi)}" if heads else "")
 
@@ -328,8 +328,10 @@ def _explained_rules(
             form, first_lo = {}, 1
             if mode == "spec":
                 # a per-token table stores every token's state; from the first measured T on (a
-                # per-token call of one token is a dense row's)
-                intermediate, form, first_lo = "yes", dict(per_token_slots=True), None
+                # per-token call of one token is a dense row's). Timed reading and writing the
+                # same slots: FlashInfer's per-token scatter keeps the spec's rules
+                form = dict(per_token_slots=True, separate_writes=False)
+                intermediate, first_lo = "yes", None
             elif mode == "verify":
                 intermediate = "yes"
             else:

@@ -133,6 +133,11 @@ CallForm = tuple[bool, bool]
 CALL_FORMS: tuple[CallForm, ...] = ((False, False), (True, False), (False, True), (True, True))
 
 
+#: how the ``source`` of a rule from a tuning file's cells starts
+#: (gdngen.dispatch.measured.tuned_ref)
+MEASURED_SOURCE = "t:"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Rule:
     """Conditions on a call, and the variant that serves it.
@@ -203,6 +208,11 @@ class Rule:
             )
 
     @property
+    def measured(self) -> bool:
+        """The rule comes from a tuning file's cells (:data:`MEASURED_SOURCE`)."""
+        return self.source.startswith(MEASURED_SOURCE)
+
+    @property
     def names_form(self) -> bool:
         """The rule holds a condition on the call's form (packed, per_token_slots)."""
         return (
@@ -264,11 +274,17 @@ _RULE_FIELDS = tuple(f.name for f in fields(Rule) if f.name not in ROW_OPTIONS)
 _RANGE_FIELDS = ("tokens", "batch_heads", "heads")
 
 
-def ahead_of_measured(rule: Rule) -> bool:
-    """A static rule for calls the tuning does not time (it times the recurrence alone, on dense
-    rows): with the gated RMSNorm epilogue, or of a named call form. Such rules come before any
-    measured rule, in the order the spec gives them."""
+def for_a_form(rule: Rule) -> bool:
+    """The rule is for calls with the gated RMSNorm epilogue, or of a named call form: calls
+    the plain tuning does not time (it times the recurrence alone, on dense rows)."""
     return bool(rule.gated_norm) or rule.names_form
+
+
+def ahead_of_measured(rule: Rule) -> bool:
+    """A static rule :func:`for_a_form`: such rules come before the measured rules for dense
+    rows, in the order the spec gives them (the measured rules of a form, the tuning's decode
+    core and per-token cells, go before them: gdngen.emit.plan.dispatch_rules)."""
+    return not rule.measured and for_a_form(rule)
 
 
 def table_order(rules: Sequence[Rule]) -> list[Rule]:

@@ -23,6 +23,7 @@ from gdngen.dispatch import (
     boundary_shapes,
     core_rules,
     coverage_gap,
+    for_a_form,
     measured_evidence,
     measured_rules,
     reached,
@@ -363,14 +364,14 @@ def unmeasured_sets(spec: Spec, measured: Measured | None) -> dict[str, str]:
     return reasons
 
 
-def _core_lead(rules: list[Rule]) -> list[Rule]:
-    """The rules a table with measured decode-core cells starts with (:func:`dispatch_rules`):
-    the spec's rules that hold PDL off for such calls, then the measured core rules."""
-    held = list(
-        takewhile(lambda r: r.conv1d and not r.pdl and not r.source.startswith("t:"), rules)
-    )
-    core = list(takewhile(lambda r: r.conv1d and r.source.startswith("t:"), rules[len(held) :]))
-    return held + core if core else []
+def _table_lead(rules: list[Rule]) -> list[Rule]:
+    """The rules a table starts with, its own (:func:`dispatch_rules`): where it has measured
+    decode-core cells, the spec's rules that hold PDL off for such calls, then the measured core
+    rules; then its measured per-token rules."""
+    held = list(takewhile(lambda r: r.conv1d and not r.pdl and not r.measured, rules))
+    core = list(takewhile(lambda r: r.conv1d and r.measured, rules[len(held) :]))
+    lead = held + core if core else []
+    return lead + list(takewhile(lambda r: r.measured and for_a_form(r), rules[len(lead) :]))
 
 
 def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
@@ -378,12 +379,12 @@ def dispatch_tables(rules: list[Rule], tables: dict[str, list[Rule]]) -> dict:
     ``leads``), then the rules every table has next (the spec's rules that go ahead of the other
     measured ones, the same in each), written once as ``ahead``; then ``rules`` (the default
     table) and each GPU model's table without those."""
-    lead = _core_lead(rules)
+    lead = _table_lead(rules)
     ahead = list(takewhile(ahead_of_measured, rules[len(lead) :]))
     parts = {"ahead": ahead, "lead": lead, "rules": rules[len(lead) + len(ahead) :]}
     parts["leads"], parts["tables"] = {}, {}
     for gpu, gpu_rules in tables.items():
-        gpu_lead = _core_lead(gpu_rules)
+        gpu_lead = _table_lead(gpu_rules)
         rest = gpu_rules[len(gpu_lead) :]
         if list(takewhile(ahead_of_measured, rest)) != ahead:
             raise AssertionError(f"the {gpu} table does not have the default's static rules")
@@ -401,7 +402,7 @@ def _without_dead_rules(spec: Spec, tables: list[tuple]) -> list[tuple]:
     calls = (spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
     parts = []  # per table: its lead's length, its shared rules' span, its reached positions
     for _, _, rules in tables:
-        lead = len(_core_lead(rules))
+        lead = len(_table_lead(rules))
         ahead = len(list(takewhile(ahead_of_measured, rules[lead:])))
         parts.append((lead, ahead, set(reached_at(rules, *calls))))
     shared_live = {i - lead for lead, ahead, at in parts for i in at if lead <= i < lead + ahead}
@@ -502,23 +503,27 @@ def dispatch_evidence(spec: Spec, measured: Measured) -> dict[str, list[str]]:
 
 def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     """The dispatch table (first match wins): measured rules for decode-core calls, from the
-    tuning file's core cells (docs/design.md, "Tuning the decode core"); the spec's rules for
+    tuning file's core cells (docs/design.md, "Tuning the decode core"), and for calls with
+    vLLM's per-token slot table, from its spec cells (timed in that form on this GPU model, they
+    go before the spec's rules for it, which other GPU models' tables keep); the spec's rules for
     calls with the gated RMSNorm epilogue and its rules that name a call form (the plain tuning
     times the recurrence alone, on dense rows, so they come before its rules); measured rules
     for the pairs whose timings hold, at the head dims they were measured at; then the spec's
     other static rules that still serve some call (every call of the other pairs, and the
     measured pairs' calls at other head dims), each citing where it came from.
 
-    The static rules are kept as they are reached without the core rules, so that every table
+    The static rules are kept as they are reached without those leading rules, so that every table
     holds the same ones ahead of its measured rules (dispatch.py writes them once): where a core
     rule serves a call first, the spec's rule behind it stays and serves the calls it does not
     (other T, other pairs, calls with a per-token cache)."""
     static = [replace(rule, source=f"spec[{index}]") for index, rule in enumerate(spec.dispatch)]
     rules = [rule for rule in static if ahead_of_measured(rule)]
     lead: list[Rule] = []
+    per_token: list[Rule] = []
     if measured:
         for cells, pairs, dims in _measured_by_head_dims(spec, measured):
-            rules += measured_rules(cells, pairs, spec.features.max_tokens, dims)
+            for rule in measured_rules(cells, pairs, spec.features.max_tokens, dims):
+                (per_token if rule.per_token_slots else rules).append(rule)
             lead += core_rules(cells, dims)
     rules += [rule for rule in static if not ahead_of_measured(rule)]
     gap = coverage_gap(rules, spec.served, spec.head_dims, spec.features.max_tokens, spec.fusions)
@@ -531,9 +536,10 @@ def dispatch_rules(spec: Spec, measured: Measured | None = None) -> list[Rule]:
     reach = reached(rules, *calls)
     if lead:
         lead = _held_pdl_off(spec, static, measured) + lead
-        # a measured core rule that a held rule serves every call of first is dead weight
-        first = reached(lead + reach, *calls)
-        lead = [rule for rule in lead if rule in first]
+    if lead or per_token:
+        # a measured rule that a rule before it serves every call of first is dead weight
+        first = reached(lead + per_token + reach, *calls)
+        lead = [rule for rule in lead + per_token if rule in first]
     return lead + reach
 
 

@@ -227,7 +227,12 @@ def earlier_first_token_cells(earlier: TuningFile | None, spec: Spec, gpu: str) 
     if earlier is None or earlier.gpu != gpu:
         return []
     stale = stale_pairs(earlier, spec)
-    return [c for c in earlier.cells if c.tokens == 1 and cell_set(c, spec) not in stale]
+    # (the update cells: a core cell's timings are of plans, not variants)
+    return [
+        c
+        for c in earlier.cells
+        if c.tokens == 1 and c.mode == "update" and cell_set(c, spec) not in stale
+    ]
 
 
 def retime_names(cell: Cell, spec: Spec) -> list[str]:

@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,6 +33,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: a cell's call form: the forms of ``Tuning.modes``, or "core" (``gdngen tune --core``)
+CellMode = Literal["update", "verify", "spec", "core"]
+
+
 class Cell(_Strict):
     layout: Layout
     state_dtype: StateDtype
@@ -40,7 +44,7 @@ class Cell(_Strict):
     #: "core": a decode-core cell (``gdngen tune --core``), whose timings are of plans
     #: (gdngen.terms.plan_name) in vLLM's call forms, with the conv1d prologue and the norm;
     #: "spec": vLLM's per-token slot form (``Tuning.modes``)
-    mode: Literal["update", "verify", "spec", "core"]
+    mode: CellMode
     HV: int = Field(gt=0)
     batch: int = Field(gt=0)
     #: the head dims measured where they are not the grid's base (``Spec.tuning_head_dims``), i.e.
@@ -441,7 +445,7 @@ def _named_timings(data: object) -> object:
 #: (a core set's is its own), the tokens and the value heads; e.g. ``k_last/bf16 update T2 HV64``
 _GROUP = re.compile(
     r"(?P<layout>\w+)/(?P<state_dtype>\w+)(?: K=(?P<K>\d+) V=(?P<V>\d+))?"
-    r" (?P<mode>update|verify|core) T(?P<tokens>\d+) HV(?P<HV>\d+)"
+    rf" (?P<mode>{'|'.join(get_args(CellMode))}) T(?P<tokens>\d+) HV(?P<HV>\d+)"
 )
 
 
