@@ -45,6 +45,8 @@ from gdngen.tune.tuning_file import (
     load_tuning,
     pair_sha256,
     read_tuning,
+    set_key,
+    stale_pairs,
     variants_sha256,
 )
 from tests.spec_helpers import ROOT, evidence_tables, to_yaml
@@ -786,8 +788,13 @@ def test_a_run_without_t1_shortlists_from_the_earlier_t1_cells_that_still_hold(s
         layout="k_last", state_dtype="fp32", tokens=1, mode="update", HV=32, batch=1,
         times_us={FP32_V: 4.0},
     )  # fmt: skip
-    earlier = _tuning(spec, cells=_cells() + [fp32_cell])
-    first = [c for c in earlier.cells if c.tokens == 1]
+    # a decode-core cell at T = 1 times plans, not variants: no shortlist of variants
+    core_cell = fp32_cell.model_copy(update={"mode": "core", "times_us": {f"nopdl:{FP32_V}": 3.0}})
+    core_key = set_key("k_last", "fp32", None, spec, core=True)
+    hashes = {**variants_sha256(spec), core_key: pair_sha256(spec, "k_last", "fp32", core=True)}
+    earlier = _tuning(spec, cells=_cells() + [fp32_cell, core_cell], variants_sha256=hashes)
+    assert core_key not in stale_pairs(earlier, spec)
+    first = [c for c in earlier.cells if c.tokens == 1 and c.mode != "core"]
     assert len(first) == 5 and sorted(earlier_first_token_cells(earlier, spec, gpu), key=repr) == (
         sorted(first, key=repr)
     )
