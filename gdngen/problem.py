@@ -44,23 +44,28 @@ def token_io_bytes(tokens: int, H: int, HV: int, K: int, V: int) -> int:
     return tokens * (2 * H * K + 2 * HV * V + 2 * HV) * 2
 
 
-def _drawn_pool(
-    randn, shape: tuple, state_dtype: str, cache: str | None
-) -> tuple[torch.Tensor, dict]:
+def _drawn_pool(randn, shape: tuple, state_dtype: str) -> tuple[torch.Tensor, dict]:
     """A pool of ``shape`` drawn by ``randn`` in ``state_dtype`` (a quantized dtype drawn in fp32
     and stored with its row scales), and the call's keywords that go with it (a quantized pool's
-    ``state_scales``). ``cache`` names the problem's verify cache where it asks for one, which a
-    quantized pool refuses."""
+    ``state_scales``)."""
     pool = randn(*shape, dtype=TORCH_DTYPES.get(state_dtype, torch.float32), std=0.5)
     if state_dtype not in SCALED_STATE_DTYPES:
         return pool, {}
-    if cache is not None:
-        raise ValueError(
-            f"{cache}: an {state_dtype} state has no verify cache (docs/design.md, "
-            '"Quantized state")'
-        )
     stored = store(pool, SCALED_STATE_FORMATS[state_dtype])
     return stored.values, {"state_scales": stored.scales}
+
+
+def verify_cache(shape: tuple, pool: torch.Tensor) -> dict:
+    """A verify cache of ``shape`` in the pool's dtype, poisoned so that a test sees exactly
+    which entries a kernel wrote: NaN, or -128 in an int8 cache (a row quantizes to +-127 at
+    most); a quantized cache with its rows' scales beside it, NaN (docs/design.md, "Quantized
+    state")."""
+    poison = -128 if pool.dtype == torch.int8 else float("nan")
+    cache = torch.full(shape, poison, dtype=pool.dtype, device=pool.device)
+    if pool.dtype not in (torch.int8, torch.float8_e4m3fn):
+        return {"intermediate_states_buffer": cache}
+    scales = torch.full(shape[:-1], float("nan"), dtype=torch.float32, device=pool.device)
+    return {"intermediate_states_buffer": cache, "intermediate_states_scales": scales}
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,7 @@ class Problem:
         dt_bias = randn(HV, dtype=TORCH_DTYPES[self.dt_bias_dtype], std=0.5)
 
         slots = self.pool_size if self.pool_size is not None else B
-        cache = "cache_steps" if self.cache_steps is not None else None
-        pool, scaled = _drawn_pool(randn, (slots, HV, *self.head_shape), self.state_dtype, cache)
+        pool, scaled = _drawn_pool(randn, (slots, HV, *self.head_shape), self.state_dtype)
         args = dict(q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, **scaled)
         args["scale"] = self.scale
         args["use_qk_l2norm"] = self.use_qk_l2norm
@@ -173,13 +177,7 @@ class Problem:
         if self.cache_steps is not None:
             if self.cache_steps < T:
                 raise ValueError("cache_steps must be >= tokens")
-            # Poisoned, so that a test sees exactly which entries the kernel wrote.
-            args["intermediate_states_buffer"] = torch.full(
-                (B, self.cache_steps, HV, *self.head_shape),
-                float("nan"),
-                dtype=pool.dtype,
-                device=device,
-            )
+            args.update(verify_cache((B, self.cache_steps, HV, *self.head_shape), pool))
         return args
 
 
@@ -297,7 +295,6 @@ class PackedProblem:
 
         columns = T + self.wide_table if self.slots == "per_token" else 1
         pool_size = self.pool_size or N * columns + 8
-        cache = "cache" if self.cache != "none" else None
         # The pool (per-token forms hold B * T states: 4.3 G values at B = 512, T = 8, HV = 64)
         # is drawn where it lives, by a generator of its own: drawn on the host it took most of
         # a large cell's bench time.
@@ -306,9 +303,7 @@ class PackedProblem:
         def pool_randn(*shape, dtype=torch.bfloat16, std=1.0):
             return (torch.randn(*shape, generator=pool_gen, device=device) * std).to(dtype)
 
-        pool, scaled = _drawn_pool(
-            pool_randn, (pool_size, HV, *self.head_shape), self.state_dtype, cache
-        )
+        pool, scaled = _drawn_pool(pool_randn, (pool_size, HV, *self.head_shape), self.state_dtype)
         perm = torch.randperm(pool_size - 1, generator=gen)[: N * columns] + 1  # slot 0: null
         args.update(initial_state=pool, state=None, null_slot=self.null_slot, **scaled)
         pad = min(self.null_slot, -1) if self.null_slot < 0 else self.null_slot
@@ -331,10 +326,7 @@ class PackedProblem:
             args["initial_state_indices"] = reads.to(index).to(device)
         if self.cache != "none":
             rows = self.cache_rows or N if self.cache == "rows" else N
-            args["intermediate_states_buffer"] = torch.full(
-                (rows, T, HV, *self.head_shape), float("nan"),
-                dtype=TORCH_DTYPES[self.state_dtype], device=device,
-            )  # fmt: skip
+            args.update(verify_cache((rows, T, HV, *self.head_shape), pool))
             if self.cache == "rows":
                 picks = torch.randperm(rows, generator=gen)[:N]
                 for row in self.padded_rows:

@@ -11,6 +11,7 @@ scales (amax over the format's largest value, of those states) agree to fp32 ari
 
 import torch
 
+from gdngen.problem import verify_cache
 from gdngen.reference.state_formats import store
 from gdngen.runtime.pool_checks import STATE_DTYPES
 from gdngen.terms import SCALED_STATE_FORMATS, SCALED_STATE_MAX
@@ -21,10 +22,16 @@ FP32_ROW_TOL = 2e-5
 
 def quantized_pool(args: dict, state_dtype: str = "int8") -> dict:
     """``args`` (gdn_decode's, with a pool) with its pool stored in ``state_dtype`` (int8 or
-    fp8_e4m3) rows and their scales."""
+    fp8_e4m3) rows and their scales; a verify cache in its args becomes one in that format,
+    with its scales (gdngen.problem.verify_cache: poisoned)."""
     name = "initial_state" if args.get("initial_state") is not None else "state"
     stored = store(args[name].float(), SCALED_STATE_FORMATS[state_dtype])
-    return dict(args, **{name: stored.values.contiguous()}, state_scales=stored.scales.contiguous())
+    pool = stored.values.contiguous()
+    quantized = dict(args, **{name: pool}, state_scales=stored.scales.contiguous())
+    cache = args.get("intermediate_states_buffer")
+    if cache is not None:
+        quantized.update(verify_cache(tuple(cache.shape), pool))
+    return quantized
 
 
 def _half_steps(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

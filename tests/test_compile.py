@@ -2,8 +2,8 @@
 
 For each variant of each target under generated/: two compile keys, the single-token decode
 (pool, int32 slots, final state written) and the deepest multi-token verify (T = max_tokens,
-int64 slots, separate write slots, intermediate states, no final write; an int8 state's: every
-token's state stored through a per-token slot table). ptxas must report no
+int64 slots, separate write slots, intermediate states, no final write; a quantized state's:
+every token's state stored in the cache and through a per-token slot table). ptxas must report no
 spills and no stack (variants with launch bounds: the register cap held, small spills), a
 register count the CTA can launch with, vector state loads, and packed fp32x2 FMAs exactly in
 the variants that ask for them.
@@ -49,10 +49,11 @@ def _keys(info, module):
         write_final_state=True, **common,
     )  # fmt: skip
     if module.STATE_DTYPE in SCALED_STATE_DTYPES:
-        # No verify cache beside an int8 state: its verify form stores every token's state in
-        # the pool, through vLLM's per-token slot table (gdngen.runtime.pool_checks).
+        # A quantized state's token stores, each quantizing the state with its rows' scales:
+        # into the verify cache (in the state's format) and through vLLM's per-token slot table,
+        # both in one kernel (no call passes both; each alone stores a subset of these).
         yield CompileKey(
-            tokens=info.max_tokens, index_dtype="int64", separate_write_slots=False, cache=False,
+            tokens=info.max_tokens, index_dtype="int64", separate_write_slots=False, cache=True,
             write_final_state=False, per_token_slots=True, num_accepted=True, **common,
         )  # fmt: skip
         return

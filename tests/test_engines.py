@@ -171,12 +171,15 @@ def _packed_tokens(total):
 def test_signatures_are_the_engines(method, expected):
     """Same names, order and defaults as the engine's function (so positional and keyword
     calls both work); the only additions are the keyword-only max_seqlen, uniform_seqlen and
-    state_scales (an int8 pool's)."""
+    state_scales (an int8 pool's), and SGLang's update, whose target verify fills a buffer,
+    intermediate_states_scales (that buffer's beside an int8 pool)."""
     parameters = list(inspect.signature(method).parameters.values())[1:]  # past self
     positional = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert [(p.name, p.default) for p in positional] == expected
     extra = {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
     added = {"max_seqlen": None, "uniform_seqlen": False, "state_scales": None}
+    if method is SglangGdn.fused_sigmoid_gating_delta_rule_update:
+        added["intermediate_states_scales"] = None
     assert extra == ({"state_scales": None} if "packed" in method.__name__ else added)
     assert len(positional) + len(extra) == len(parameters)
 
@@ -433,6 +436,23 @@ def test_sglang_target_verify_uses_the_pool_row_cache():
     assert call["initial_state_indices"].shape == (N,)
     assert call["disable_state_update"] is True
     assert call["cu_seqlens"].tolist() == [0, D, 2 * D]
+
+
+def test_sglang_target_verify_passes_a_quantized_buffers_scales():
+    # beside an int8 pool the buffer is int8, its rows' scales beside it (keyword only)
+    fake = Recorder()
+    buffer = torch.zeros(7, 4, HV, V, K, dtype=torch.int8)
+    scales = torch.ones(7, 4, HV, V)
+    args = _sglang_args(
+        8, 2, disable_state_update=True, intermediate_states_buffer=buffer, cache_steps=4
+    )
+    SglangGdn(fake).fused_sigmoid_gating_delta_rule_update(
+        **args, state_scales=torch.ones(3), intermediate_states_scales=scales
+    )
+    assert fake.last["intermediate_states_scales"] is scales
+    fake = Recorder()
+    SglangGdn(fake).fused_sigmoid_gating_delta_rule_update(**args)
+    assert fake.last["intermediate_states_scales"] is None
 
 
 def test_sglang_verify_without_cache_steps_takes_the_buffer_steps():

@@ -85,13 +85,95 @@ def test_scales_beside_another_state_are_refused():
         check_call(INFO, **args)
 
 
+def _verify_args(state_dtype="int8"):
+    return _quantized_args(state_dtype, tokens=2, cache_steps=3, disable_state_update=True)
+
+
 @pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
-def test_a_verify_cache_beside_a_quantized_state_is_refused(state_dtype):
-    args = _quantized_args(state_dtype, tokens=2, cache_steps=2, disable_state_update=True)
-    with pytest.raises(
-        ValueError, match=f"intermediate_states_buffer: a verify cache beside an {state_dtype}"
-    ):
+def test_a_verify_cache_beside_a_quantized_state_is_in_its_format_with_scales(state_dtype):
+    args = _verify_args(state_dtype)
+    cache, scales = args["intermediate_states_buffer"], args["intermediate_states_scales"]
+    assert cache.dtype == args["initial_state"].dtype and scales.dtype == torch.float32
+    assert scales.shape == cache.shape[:4]
+    assert check_call(INFO, **args).state_dtype == state_dtype
+
+
+@pytest.mark.parametrize(
+    "change,fragments",
+    [
+        (
+            lambda a: a.update(intermediate_states_scales=None),
+            ["intermediate_states_scales", "fp32 [4, 3, 32, 128]", "got None"],
+        ),
+        (
+            lambda a: a.update(intermediate_states_scales=a["intermediate_states_scales"].half()),
+            ["intermediate_states_scales", "float32", "float16"],
+        ),
+        (
+            lambda a: a.update(intermediate_states_scales=a["intermediate_states_scales"][:, :2]),
+            ["intermediate_states_scales", "[4, 3, 32, 128]", "[4, 2, 32, 128]"],
+        ),
+        (
+            lambda a: a.update(
+                intermediate_states_scales=a["intermediate_states_scales"].transpose(0, 1)
+                .contiguous().transpose(0, 1)
+            ),
+            ["intermediate_states_scales", "contiguous"],
+        ),
+        (
+            lambda a: a.update(intermediate_states_buffer=None, disable_state_update=False),
+            ["intermediate_states_scales", "intermediate_states_buffer is None"],
+        ),
+        (
+            lambda a: a.update(
+                intermediate_states_buffer=a["intermediate_states_buffer"].float()
+            ),
+            ["intermediate_states_buffer", "dtype"],
+        ),
+    ],
+    ids=["missing", "dtype", "steps", "strides", "without-cache", "cache-dtype"],
+)  # fmt: skip
+def test_bad_cache_scales_are_refused_naming_the_argument(change, fragments):
+    args = _verify_args()
+    change(args)
+    with pytest.raises((TypeError, ValueError)) as error:
         check_call(INFO, **args)
+    for fragment in fragments:
+        assert fragment in str(error.value), (fragment, str(error.value))
+
+
+def test_cache_scales_beside_another_state_are_refused():
+    args = on_fake_cuda(make_args(tokens=2, cache_steps=2, disable_state_update=True))
+    args["intermediate_states_scales"] = torch.ones(8, 2, 32, 128)
+    with pytest.raises(ValueError, match="intermediate_states_scales: only a quantized state"):
+        check_call(INFO, **args)
+
+
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_the_reference_caches_each_state_as_the_pool_stores_it(state_dtype):
+    # Each token's state in the cache is stored as the pool's final state is: the last step's
+    # values and scales are the write slot's; a padding row's cache row keeps its poison.
+    problem = Problem(
+        batch=3, tokens=3, H=2, HV=4, K=16, V=16, pool_size=6, padded_rows=(1,), cache_steps=4,
+        seed=11,
+    )  # fmt: skip
+    args = quantized_pool(problem.make("cpu"), state_dtype)
+    cache, cache_scales = args["intermediate_states_buffer"], args["intermediate_states_scales"]
+    reads = args["initial_state_indices"]
+    expected = reference_call(
+        *(args[n] for n in ("q", "k", "v", "initial_state", "A_log", "a", "dt_bias", "b")),
+        read_slots=reads, state_scales=args["state_scales"], cache=cache,
+        cache_scales=cache_scales,
+    )  # fmt: skip
+    for row in (0, 2):
+        slot = int(reads[row])
+        last = expected.cache[row, 2]
+        assert torch.equal(last.view(torch.int8), expected.pool[slot].view(torch.int8))
+        assert torch.equal(expected.cache_scales[row, 2], expected.scales[slot])
+        assert not expected.cache_scales[row, :3].isnan().any()
+        assert expected.cache_scales[row, 3].isnan().all(), "a step past T stays untouched"
+    assert expected.cache_scales[1].isnan().all(), "a padding row's cache row stays untouched"
+    assert torch.equal(expected.cache[1].view(torch.int8), cache[1].view(torch.int8))
 
 
 @pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
@@ -122,6 +204,15 @@ def test_the_reference_reads_and_stores_a_quantized_pool(state_dtype):
     assert_quantized_pool(got.pool, got.scales, got.pool, got.scales, pool, scales)
 
 
+def _assert_poisoned_cache(args: dict, scales_shape: tuple) -> None:
+    """A drawn problem's verify cache beside a quantized pool: the pool's format, its scales
+    beside it, every entry poisoned (-128 or NaN: a test sees what a kernel wrote)."""
+    cache, scales = args["intermediate_states_buffer"], args["intermediate_states_scales"]
+    assert cache.dtype == args["initial_state"].dtype and tuple(scales.shape) == scales_shape
+    assert scales.dtype == torch.float32 and scales.isnan().all()
+    assert (cache == -128).all() if cache.dtype == torch.int8 else cache.float().isnan().all()
+
+
 @pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
 def test_a_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
     # what gdngen tune and bench time on a quantized state (their check reads state_copy)
@@ -137,8 +228,8 @@ def test_a_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
     assert torch.equal(pool.view(torch.int8), store(drawn, fmt).values.view(torch.int8))
     assert torch.equal(state_copy(args), pool.float() * scales[..., None])
     assert problem.state_bytes() == 1 + 4 / 16
-    with pytest.raises(ValueError, match=f"cache_steps: an {state_dtype} state has no verify"):
-        problem.with_(cache_steps=1).make("cpu")
+    verify = problem.with_(cache_steps=2, disable_state_update=True)
+    _assert_poisoned_cache(verify.make("cpu"), (3, 2, 4, 16))
     assert check_tolerance(state_dtype, 5e-3) == SCALED_CHECK_TOL[state_dtype]
     assert check_tolerance("bf16", 5e-3) == 5e-3
 
@@ -146,7 +237,7 @@ def test_a_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
 @pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
 def test_a_packed_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
     # the packed (varlen) form's pool is the quantized fp32 draw of the same seed, with its
-    # scales passed beside it; a verify cache is refused as on the positional form
+    # scales passed beside it; a verify cache in its format, as on the positional form
     from gdngen.problem import PackedProblem
 
     problem = PackedProblem(
@@ -158,8 +249,7 @@ def test_a_packed_problem_draws_a_quantized_pool_with_its_scales(state_dtype):
     assert pool.dtype == STORAGE_DTYPES[fmt] and scales.shape == (*pool.shape[:2], 16)
     drawn = problem.with_(state_dtype="fp32").make("cpu")["initial_state"]
     assert torch.equal(pool.view(torch.int8), store(drawn, fmt).values.view(torch.int8))
-    with pytest.raises(ValueError, match=f"cache: an {state_dtype} state has no verify"):
-        problem.with_(cache="rows").make("cpu")
+    _assert_poisoned_cache(problem.with_(cache="rows", cache_rows=5).make("cpu"), (5, 2, 4, 16))
 
 
 FORMATS = ["bf16", "fp32", "int8", "fp8_e4m3"]
@@ -177,10 +267,15 @@ def test_the_state_formats_bench_checks_its_arguments_and_outputs(capsys):
         (["--formats", "bf16,int4"], "--formats: expected state dtypes"),
         (["--formats", "int8,fp32"], "--formats: the comparison needs bf16"),
         (["--batches", "1,x"], "--batches: expected comma-separated integers"),
+        (["--form", "rows"], "--form: invalid choice"),
     ):
         with pytest.raises(SystemExit):
             bench.parse_args(["--out", "/tmp/unused", *bad])
         assert fragment in capsys.readouterr().err
+    # --form cache: dense rows storing every token's state into a cache of the pool's format
+    cache_form = bench.parse_args(["--out", "/tmp/unused", "--form", "cache"])
+    verify = bench.cell_problem(4, 2, 3, "int8", cache_form.form)
+    assert (verify.cache_steps, verify.disable_state_update, verify.pool_size) == (2, True, 11)
     for T in (1, 2):
         problem = bench.cell_problem(4, T, 3, "int8").with_(H=2)
         args = problem.make("cpu")

@@ -4,9 +4,11 @@ through the target's dispatch, and at T = 1 FlashInfer's decode on a bf16 pool, 
 as CUDA graphs over rotating input sets (gdngen.measure.timing).
 
 A cell is (HV, T, B), K = V = 128. At T = 1 the call is dense rows with ``[B]`` slots
-(``Problem``); at T > 1 vLLM's verify form: B sequences of T tokens packed, a ``[B, T]``
-per-token slot table, every token's state stored in the pool (``PackedProblem``), the form a
-quantized pool serves speculative decode in (it takes no verify cache).
+(``Problem``). At T > 1, ``--form spec`` (the default) is vLLM's verify form: B sequences of T
+tokens packed, a ``[B, T]`` per-token slot table, every token's state stored in the pool
+(``PackedProblem``); ``--form cache`` the verify cache's (FlashInfer's MTP, SGLang's target
+verify): dense rows with ``[B]`` slots, every token's state stored into a cache of the pool's
+format (a quantized one with its scales), no final state written.
 
 Before a cell is timed, each format's call runs once on its first input set and its output is
 compared with the float64 reference's on the same pool (dequantized for a quantized format):
@@ -49,10 +51,21 @@ OUTPUT_TOL = 2**-6
 REPORT = "state_formats"
 
 
-def cell_problem(HV: int, T: int, B: int, state_dtype: str) -> Problem | PackedProblem:
+#: the call forms at T > 1 (the module docstring says which is which)
+FORMS = ("spec", "cache")
+
+
+def cell_problem(
+    HV: int, T: int, B: int, state_dtype: str, form: str = "spec"
+) -> Problem | PackedProblem:
     """The cell's call on a pool of ``state_dtype`` (the module docstring says which form)."""
     if T == 1:
         return Problem(batch=B, HV=HV, pool_size=B + 8, state_dtype=state_dtype)
+    if form == "cache":
+        return Problem(
+            batch=B, tokens=T, HV=HV, pool_size=B + 8, cache_steps=T, disable_state_update=True,
+            state_dtype=state_dtype,
+        )  # fmt: skip
     return PackedProblem(sequences=B, tokens=T, HV=HV, uniform_seqlen=True, state_dtype=state_dtype)
 
 
@@ -72,11 +85,13 @@ def output_error(problem, args: dict, output: torch.Tensor) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def run_cell(target, HV: int, T: int, B: int, formats: list[str], replays: int) -> dict:
+def run_cell(
+    target, HV: int, T: int, B: int, formats: list[str], replays: int, form: str = "spec"
+) -> dict:
     record = dict(HV=HV, T=T, B=B, us=None, variants={}, errors={})
     runs = {}
     for fmt in formats:
-        problem = cell_problem(HV, T, B, fmt)
+        problem = cell_problem(HV, T, B, fmt, form)
         states = B * T * HV * 128 * 128
         count = rotating_sets(int(2 * states * (STATE_BYTES[fmt] + 4 / 128)))
         sets = [problem.with_(seed=seed).make("cuda") for seed in range(count)]
@@ -110,6 +125,9 @@ def markdown(records: list[dict], env: dict) -> str:
     formats = [f for f in env["formats"] if f != BASELINE]
     lines = [
         f"# State formats side by side ({env.get('gpu', '?')}, target {env['target']})",
+        "",
+        f"Call form at T > 1: {env.get('form', 'spec')} (python -m gdngen.bench.state_formats "
+        "--help says which).",
         "",
         f"Copy bandwidth {env.get('copy_GBps', 0):.0f} GB/s. µs per call; `bf16 / X` above 1: "
         "X is faster than gdngen's bf16 state; `FlashInfer / X`: FlashInfer's bf16 state over X.",
@@ -145,6 +163,7 @@ def parse_args(argv=None):
         help="batch sizes of every T (default: 1,4,16,64,256,512 at T = 1, fewer at T > 1)",
     )  # fmt: skip
     p.add_argument("--formats", type=comma_words, default=["bf16", "fp32", "int8", "fp8_e4m3"])
+    p.add_argument("--form", choices=FORMS, default="spec", help="the call form at T > 1")
     p.add_argument("--replays", type=int, default=10)
     args = p.parse_args(argv)
     unknown = [f for f in args.formats if f not in STATE_BYTES]
@@ -178,11 +197,11 @@ def main(argv=None) -> int:
         print(f"--formats: target {args.target} does not serve K-last {missing}", file=sys.stderr)
         return 2
     env = dict(environment(), copy_GBps=copy_bandwidth() / 1e9, target=args.target)
-    env.update(formats=args.formats, gpu=torch.cuda.get_device_name())
+    env.update(formats=args.formats, gpu=torch.cuda.get_device_name(), form=args.form)
     args.out.mkdir(parents=True, exist_ok=True)
     records = []
     for HV, T, B in cells(args):
-        records.append(run_cell(target, HV, T, B, args.formats, args.replays))
+        records.append(run_cell(target, HV, T, B, args.formats, args.replays, args.form))
         torch.cuda.empty_cache()
         print(json.dumps(records[-1]), flush=True)
         (args.out / f"{REPORT}.json").write_text(json.dumps(dict(env=env, records=records)))

@@ -91,6 +91,7 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
         conv_activation: Constexpr[str],
         pdl: Constexpr[bool],
         state_scales,
+        cache_scales,
         launch_pdl: Int32,
         stream,
     ):
@@ -122,7 +123,7 @@ def decode_launcher(code: DeviceCode, *, name: str, min_ctas_per_sm: int = 0):
             null_slot, per_token_slots, uniform_rows, exact_slot_table, recovery_steps, z,
             norm_weight, norm_eps,
             norm_activation, conv_state, conv_weight, conv_bias, conv_arrivals, conv_windows,
-            conv_activation, pdl, state_scales,
+            conv_activation, pdl, state_scales, cache_scales,
         )  # fmt: skip
         grid = (head_v_dim // tile_v, num_v_heads, kernel_rows(q.shape[0], cu_seqlens))
         # The PDL attribute is the call's (gdngen.runtime.pdl); a kernel without the wait never

@@ -120,6 +120,7 @@ class EngineAdapter:
         disable_state_update=False,
         uniform_seqlen=False,
         state_scales=None,
+        intermediate_states_scales=None,
     ):
         """The layer's whole decode core in one kernel (docs/engines.md, "The fused core"): the
         causal conv1d update on the pre-conv ``mixed_qkv``, the gated delta recurrence, and the
@@ -139,7 +140,9 @@ class EngineAdapter:
           ``intermediate_conv_window [R, steps, D, W - 1]`` (its deduplicated view too) receive
           the states and conv windows after every draft token at the rows
           ``intermediate_state_indices [N]``, usually with ``disable_state_update=True`` (then
-          neither state is written). The token bound is then the buffer's steps.
+          neither state is written). The token bound is then the buffer's steps. Beside an int8
+          or fp8 ``ssm_state`` (its scales ``state_scales [slots, HV, V]``) the buffer is in the
+          pool's format, with ``intermediate_states_scales [R, steps, HV, V]``.
         - ``uniform_seqlen``: the engine's promise that sequence n starts at
           ``n * max_query_len`` (see gdn_decode's argument of that name).
 
@@ -183,6 +186,7 @@ class EngineAdapter:
                 intermediate_states_buffer=intermediate_states_buffer,
                 intermediate_state_indices=leading_rows(intermediate_state_indices, rows),
                 intermediate_conv_windows=intermediate_conv_window,
+                intermediate_states_scales=intermediate_states_scales,
                 disable_state_update=disable_state_update,
             ),
         )

@@ -68,6 +68,7 @@ class SglangGdn(EngineAdapter):
         max_seqlen=None,
         uniform_seqlen=False,
         state_scales=None,
+        intermediate_states_scales=None,
     ):
         """Decode and target verify through the pool ``initial_state_source [slots, HV, V, K]``
         at ``initial_state_indices [N]``.
@@ -81,7 +82,10 @@ class SglangGdn(EngineAdapter):
         buffer's steps with a buffer, else 1; ``max_seqlen`` (an addition, keyword only)
         overrides it; ``uniform_seqlen`` (keyword only) promises that sequence n starts at
         ``n * max_seqlen``, as in target verify with a fixed draft length, so the kernel places
-        the tokens without waiting for ``cu_seqlens``. Rows past N of the index tensors are not
+        the tokens without waiting for ``cu_seqlens``. An int8 or fp8 pool takes its rows'
+        scales ``state_scales [slots, HV, V]``, and its verify buffer (in the pool's format)
+        theirs, ``intermediate_states_scales [R, cache_steps, HV, V]`` (keyword only, additions;
+        docs/engines.md, "A quantized state"). Rows past N of the index tensors are not
         read (SGLang sizes them for its padded batch). Without ``cu_seqlens`` the call is dense: q ``[B, T, H, K]``, a, b
         ``[B * T, HV]`` or ``[B, T, HV]``. Returns the output, shaped as v, as SGLang's op does.
         """
@@ -153,6 +157,7 @@ class SglangGdn(EngineAdapter):
                 max_seqlen=max_seqlen,
                 uniform_seqlen=uniform_seqlen,
                 state_scales=state_scales,
+                intermediate_states_scales=intermediate_states_scales,
             ),
         )
         return output

@@ -144,6 +144,8 @@ class ExpectedCall:
     cache: torch.Tensor | None  # the whole intermediate-state buffer after the call, or None
     #: an int8 pool's scales after the call ([slots, HV, V] fp32), or None
     scales: torch.Tensor | None = None
+    #: and its verify cache's ([R, cache_steps, HV, V] fp32), or None
+    cache_scales: torch.Tensor | None = None
 
 
 def reference_call(
@@ -171,6 +173,7 @@ def reference_call(
     accepted_steps: torch.Tensor | None = None,
     recovery_steps: int = 0,
     state_scales: torch.Tensor | None = None,
+    cache_scales: torch.Tensor | None = None,
 ) -> ExpectedCall:
     """Every call form of docs/design.md ("Call forms"), row by row, on the kernel-form tensors
     (q [lead, tokens, H, K], ...; the packed form has lead 1 and ``cu_seqlens``).
@@ -198,7 +201,9 @@ def reference_call(
     ``state_scales`` [slots, HV, V]: an int8 K-last pool with one fp32 scale per row
     (docs/design.md, "Quantized state"): a state is read as ``values * scale`` and stored as
     :func:`gdngen.reference.state_formats.store` quantizes it (``int8_row``), its scales into
-    the returned ``scales``.
+    the returned ``scales``. Its verify cache is in the same format, with ``cache_scales`` [R,
+    cache_steps, HV, V]: each cached state is stored as the pool's are, its scales into the
+    returned ``cache_scales``.
     """
     K = q.shape[3]
     HV = v.shape[2]
@@ -223,6 +228,7 @@ def reference_call(
     new_pool = pool.clone()
     new_cache = None if cache is None else cache.clone()
     new_scales = None if state_scales is None else state_scales.clone()
+    new_cache_scales = None if cache_scales is None else cache_scales.clone()
 
     def k_last(state):
         return state if state_layout == "k_last" else state.transpose(-1, -2)
@@ -289,5 +295,12 @@ def reference_call(
             row = n if tables["cache"] is None else int(tables["cache"][n])
             if row > null_slot:
                 for t in range(count):
-                    new_cache[row, t] = k_last(states[0, t]).to(cache.dtype)
-    return ExpectedCall(output=output, pool=new_pool, cache=new_cache, scales=new_scales)
+                    if cache_scales is None:
+                        new_cache[row, t] = k_last(states[0, t]).to(cache.dtype)
+                    else:
+                        stored = store(states[0, t], SCALED_FORMATS[cache.dtype])
+                        new_cache[row, t], new_cache_scales[row, t] = stored.values, stored.scales
+    return ExpectedCall(
+        output=output, pool=new_pool, cache=new_cache, scales=new_scales,
+        cache_scales=new_cache_scales,
+    )  # fmt: skip

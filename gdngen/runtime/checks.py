@@ -34,6 +34,7 @@ from .info import TargetInfo
 from .norm_checks import GatedNorm, check_gated_norm
 from .pool_checks import (
     check_cache,
+    check_cache_scales,
     check_per_row_state,
     check_pool,
     check_slots,
@@ -206,6 +207,7 @@ def check_call(
     intermediate_conv_windows=None,
     enable_pdl=None,
     state_scales=None,
+    intermediate_states_scales=None,
 ) -> Call:
     """Check a call whose q, k, v, a, b, output are already in the kernel's 4-D (3-D for a, b)
     form (gdngen.runtime.views lifts the packed and mixed_qkv forms first). The checks run in
@@ -244,7 +246,7 @@ def check_call(
     check_geometry(info, tokens, HV, V)
     check_core_layout(q, k, v, a, b)
     pool = check_pool(info, state, initial_state, state_layout, HV, tokens.K, V)
-    check_state_scales(pool, state_scales, cache_buffer)
+    check_state_scales(pool, state_scales, intermediate_states_scales)
     if token_scatter is not None:
         check_token_scatter(
             tokens, token_scatter, read_slots, write_slots, num_accepted, cache_buffer,
@@ -266,6 +268,7 @@ def check_call(
             info, tokens, read_slots, write_slots, num_accepted, disable_state_update
         )
     check_cache(tokens, pool, cache_buffer, cache_rows, read_slots)
+    check_cache_scales(pool, cache_buffer, intermediate_states_scales)
     check_output(tokens, q, output, HV, V)
     norm = check_gated_norm(
         info, z=z, norm_weight=norm_weight, norm_eps=norm_eps, norm_activation=norm_activation,
@@ -289,6 +292,7 @@ def check_call(
         ("output", output), ("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted),
         ("intermediate_state_indices", cache_rows), ("ssm_state_indices", token_scatter),
         ("accepted_steps", accepted_steps), ("state_scales", state_scales),
+        ("intermediate_states_scales", intermediate_states_scales),
     ])  # fmt: skip
     return Call(
         batch=tokens.rows,

@@ -236,10 +236,14 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
             (cute.sym_int64(symbol="sequences_plus_one"),),
             ELEMENT_BYTES[key.cu_seqlens_dtype],
         )
-    cache = None
+    scaled = key.state_dtype in SCALED_STATE_DTYPES
+    cache = cache_scales = None
     if key.cache:
         cache_count = cute.sym_int64(symbol="cache_rows") if key.cache_rows else rows
         cache = compact(key.state_dtype, (cache_count, cache_steps, HV) + head, VECTOR_ALIGN)
+        if scaled:
+            # its rows' scales, as the pool's (gdngen.runtime.pool_checks)
+            cache_scales = compact("fp32", (cache_count, cache_steps, HV, V), 4)
     z = norm_weight = None
     if key.norm_activation is not None:
         z = token_rows(HV, V)
@@ -300,11 +304,8 @@ def fake_arguments(key: CompileKey, layout: str) -> list:
         "conv_arrivals": conv_arrivals,
         "conv_windows": conv_windows,
         # an int8 state's scales: one per row of each slot's heads (gdngen.runtime.pool_checks)
-        "state_scales": (
-            compact("fp32", (pool_size, HV, V), 4)
-            if key.state_dtype in SCALED_STATE_DTYPES
-            else None
-        ),
+        "state_scales": compact("fp32", (pool_size, HV, V), 4) if scaled else None,
+        "cache_scales": cache_scales,
         # run-time values: any stands in
         "scale": cutlass.Float32(1.0),
         "norm_eps": cutlass.Float32(1e-6),

@@ -105,6 +105,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("intermediate_conv_windows"),
     Keyword("enable_pdl"),
     Keyword("state_scales"),
+    Keyword("intermediate_states_scales"),
 )
 
 #: the kernel's parameters, in ``decode_kernel``'s (and ``launch``'s) order: the decode core's
@@ -152,6 +153,8 @@ KERNEL_ARGS: tuple[KernelArg, ...] = (
     # A quantized (int8, fp8) state's fp32 scale per row [slots, HV, V] (docs/design.md,
     # "Quantized state")
     KernelArg("state_scales", IN_PLACE),
+    # and its verify cache's, one per row of each cache row's steps and heads [R, steps, HV, V]
+    KernelArg("cache_scales", IN_PLACE, source="intermediate_states_scales"),
 )
 
 #: what ``launch`` takes after the kernel's parameters: whether this launch may overlap the

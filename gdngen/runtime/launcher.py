@@ -93,7 +93,7 @@ def call_key(
     ssm_state_indices=None, accepted_steps=None, recovery_steps=0, z=None,
     norm_weight=None, norm_eps=1e-6, norm_activation="silu", conv_state=None, conv_weight=None,
     conv_bias=None, conv_activation="silu", intermediate_conv_windows=None, enable_pdl=None,
-    state_scales=None,
+    state_scales=None, intermediate_states_scales=None,
 ) -> tuple:  # fmt: skip
     """The signature of a call in the kernel's form (see the module docstring for what the
     kernel checks instead). AttributeError for an argument that is not a tensor: the full checks
@@ -172,6 +172,9 @@ def call_key(
         None if state_scales is None else (
             state_scales.dtype, state_scales.shape, state_scales.stride(),
             state_scales.get_device(),
+        ),
+        None if intermediate_states_scales is None else (
+            intermediate_states_scales.dtype, intermediate_states_scales.get_device()
         ),
         # the options with their types: 1 == True, but the checks refuse the int
         type(scale), scale, type(use_qk_l2norm), use_qk_l2norm, type(disable_state_update),

@@ -1,5 +1,5 @@
-"""The state's checks: a dense per-row state or a pool of slots, the slot indices, and the
-verify cache beside it. Messages as gdngen.runtime.checks says.
+"""The state's checks: a dense per-row state or a pool of slots, the slot indices, the verify
+cache beside it, and a quantized state's scales. Messages as gdngen.runtime.checks says.
 """
 
 from __future__ import annotations
@@ -163,18 +163,20 @@ def check_slots(
     return index_dtype
 
 
-def check_state_scales(pool: Pool, state_scales, cache_buffer) -> None:
+def check_state_scales(pool: Pool, state_scales, cache_scales) -> None:
     """A quantized (int8 or fp8 e4m3) state's ``state_scales``: fp32 ``[slots, HV, V]`` (the
-    pool's leading dims, one scale per row), rows contiguous; none for any other state; and no
-    verify cache beside a quantized state (its format is not decided: docs/design.md,
-    "Quantized state")."""
+    pool's leading dims, one scale per row), rows contiguous; no scales (of the pool or of a
+    verify cache) beside any other state (docs/design.md, "Quantized state")."""
     state_scales = require_tensor("state_scales", state_scales, optional=True)
+    cache_scales = require_tensor("intermediate_states_scales", cache_scales, optional=True)
     if pool.dtype not in SCALED_STATE_DTYPES:
-        if state_scales is not None:
-            raise ValueError(
-                f"state_scales: only a quantized state has scales (int8, fp8_e4m3); {pool.name} is "
-                f"{pool.dtype}, so pass state_scales=None"
-            )
+        for name, scales in (("state_scales", state_scales),
+                             ("intermediate_states_scales", cache_scales)):  # fmt: skip
+            if scales is not None:
+                raise ValueError(
+                    f"{name}: only a quantized state has scales (int8, fp8_e4m3); {pool.name} "
+                    f"is {pool.dtype}, so pass {name}=None"
+                )
         return
     if state_scales is None:
         raise ValueError(
@@ -182,20 +184,46 @@ def check_state_scales(pool: Pool, state_scales, cache_buffer) -> None:
             f"state_scales, fp32 [{pool.tensor.size(0)}, {pool.tensor.size(1)}, "
             f"{pool.head_dims[0]}] (its slots, heads and rows); got None"
         )
-    require_dtype("state_scales", state_scales, {torch.float32: "fp32"})
-    expected = tuple(pool.tensor.shape[:3])
-    if tuple(state_scales.shape) != expected:
+    _check_row_scales("state_scales", state_scales, pool.tensor, pool.name)
+
+
+def check_cache_scales(pool: Pool, cache_buffer, cache_scales) -> None:
+    """A verify cache beside a quantized state is in the state's format (``cache_buffer``, as
+    :func:`check_cache` holds it) with its rows' scales ``intermediate_states_scales``, fp32
+    ``[R, cache_steps, HV, V]`` (the cache's leading dims), rows contiguous: an engine's copy of
+    an accepted step into the pool is then a copy of values and scales (docs/design.md,
+    "Quantized state"). Run after :func:`check_state_scales` and :func:`check_cache`."""
+    if cache_buffer is None:
+        if cache_scales is not None:
+            raise ValueError(
+                "intermediate_states_scales: the scales of a verify cache, which the call does "
+                "not pass (intermediate_states_buffer is None); pass None"
+            )
+        return
+    if pool.dtype not in SCALED_STATE_DTYPES:
+        return
+    expected = list(cache_buffer.shape[:4])
+    if cache_scales is None:
         raise ValueError(
-            f"state_scales: expected shape {list(expected)} (one scale per row of {pool.name} "
-            f"{shape_text(pool.tensor)}); got {shape_text(state_scales)}"
+            f"intermediate_states_scales: a verify cache beside an {pool.dtype} {pool.name} "
+            f"stores one fp32 scale per row; pass intermediate_states_scales, fp32 {expected} "
+            "(its rows, steps, heads and value rows); got None"
         )
-    require_contiguous("state_scales", state_scales)
-    if cache_buffer is not None:
+    _check_row_scales(
+        "intermediate_states_scales", cache_scales, cache_buffer, "intermediate_states_buffer"
+    )
+
+
+def _check_row_scales(name: str, scales, values, values_name: str) -> None:
+    """fp32 scales of ``values``' rows: its leading dims but the last (K-last rows), contiguous."""
+    require_dtype(name, scales, {torch.float32: "fp32"})
+    expected = tuple(values.shape[:-1])
+    if tuple(scales.shape) != expected:
         raise ValueError(
-            f"intermediate_states_buffer: a verify cache beside an {pool.dtype} state is not "
-            "served (its format is not decided); store each token's state in the pool with a "
-            "per-token slot table instead"
+            f"{name}: expected shape {list(expected)} (one scale per row of {values_name} "
+            f"{shape_text(values)}); got {shape_text(scales)}"
         )
+    require_contiguous(name, scales)
 
 
 def check_cache(tokens: Tokens, pool: Pool, cache_buffer, cache_rows, read_slots) -> None:

@@ -42,7 +42,6 @@ from gdngen.measure.impls import Gdngen
 from gdngen.measure.timing import copy_bandwidth, rotating_sets, time_side_by_side
 from gdngen.problem import PackedProblem, Problem, state_copy
 from gdngen.spec.model import Spec
-from gdngen.terms import SCALED_STATE_DTYPES
 
 from .tuning_file import (
     Cell,
@@ -299,10 +298,6 @@ def tune(
         for T in run_tokens:
             for mode in modes or grid.modes:
                 if mode in ("verify", "spec") and T == 1:
-                    continue
-                if mode == "verify" and state_dtype in SCALED_STATE_DTYPES:
-                    # no verify cache beside a quantized state: its verify rows store their
-                    # states through a per-token slot table, the "spec" mode's form
                     continue
                 names = (
                     shortlist(first_cells, grid.multi_token_shortlist, families)

@@ -24,14 +24,24 @@ def _check(
     call=h200.gdn_decode,
 ):  # fmt: skip
     before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
+    cache = args.get("intermediate_states_buffer")
+    forms = {}
+    if cache is not None:  # the verify cache, in the pool's format with its scales
+        forms = dict(
+            cache=cache.clone(), cache_scales=args["intermediate_states_scales"].clone(),
+            cache_rows=args.get("intermediate_state_indices"),
+            disable_state_update=args["disable_state_update"],
+        )  # fmt: skip
     output = torch.full(args["v"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     extra = {} if norm is None else dict(z=norm[0], norm_weight=norm[1])
     call(**args, output=output, **extra)
     torch.cuda.synchronize()
-    _assert_call(
+    expected = _assert_call(
         args, output, before, scales_before, read_slots=read_slots, null_slot=null_slot,
-        cu_seqlens=cu_seqlens, num_accepted=num_accepted, norm=norm,
+        cu_seqlens=cu_seqlens, num_accepted=num_accepted, norm=norm, **forms,
     )  # fmt: skip
+    if cache is not None:
+        _assert_cache(args, expected, forms["cache"])
 
 
 def _assert_call(args, output, before, scales_before, *, read_slots, norm=None, **forms):
@@ -48,6 +58,28 @@ def _assert_call(args, output, before, scales_before, *, read_slots, norm=None, 
     assert_close("output", output[live], ref[live], torch.bfloat16)
     pool, scales = args["initial_state"], args["state_scales"]
     assert_quantized_pool(pool, scales, expected.pool, expected.scales, before, scales_before)
+    return expected
+
+
+def _assert_cache(args, expected, cache_before):
+    """The verify cache the call left against the reference's: the (row, step) entries the
+    reference wrote within the pool's bound (tests/quantized_state.py), every other entry still
+    its poison (gdngen.problem.verify_cache), values and scales."""
+    cache, scales = args["intermediate_states_buffer"], args["intermediate_states_scales"]
+    entries = lambda t: t.flatten(0, 1)  # noqa: E731  (row, step) -> one entry
+    written = ~entries(expected.cache_scales).isnan().flatten(1).all(1)
+    assert written.any(), "the reference wrote no cache entry"
+    unwritten = ~written
+    assert torch.equal(
+        entries(cache)[unwritten].view(torch.int8),
+        entries(cache_before)[unwritten].view(torch.int8),
+    ), "a cache entry the call does not own changed"
+    assert entries(scales)[unwritten].isnan().all(), "a cache scale the call does not own changed"
+    assert_quantized_pool(
+        entries(cache)[written], entries(scales)[written], entries(expected.cache)[written],
+        entries(expected.cache_scales)[written], entries(cache_before)[written],
+        entries(expected.cache_scales)[written].clone().fill_(float("nan")),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
@@ -74,6 +106,30 @@ def test_quantized_pool_vllm_spec_decode(sequences, state_dtype):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("state_dtype", QUANTIZED)
+@pytest.mark.parametrize("batch", [1, 37])
+def test_quantized_pool_with_a_verify_cache(batch, state_dtype):
+    # Target verify on dense rows (FlashInfer's MTP form): every token's state into the cache,
+    # in the pool's format with its rows' scales; no final state written.
+    problem = Problem(
+        batch=batch, tokens=4, HV=32, pool_size=batch + 5, cache_steps=5,
+        disable_state_update=True, padded_rows=(1,) if batch > 2 else (), seed=batch + 1,
+    )  # fmt: skip
+    args = quantized_pool(problem.make("cuda"), state_dtype)
+    _check(args, read_slots=args["initial_state_indices"])
+
+
+@pytest.mark.parametrize("state_dtype", QUANTIZED)
+def test_quantized_pool_with_sglangs_verify_rows(state_dtype):
+    # SGLang's target verify: packed sequences, the cache rows named per sequence.
+    problem = PackedProblem(
+        sequences=9, tokens=4, HV=32, slots="row", cache="rows", cache_rows=13,
+        disable_state_update=True, padded_rows=(2,), null_slot=-1, seed=4,
+    )  # fmt: skip
+    args = quantized_pool(problem.make("cuda"), state_dtype)
+    _check(args, read_slots=args["initial_state_indices"], cu_seqlens=args["cu_seqlens"])
+
+
 #: every quantized variant of the target that serves K = V = 128, whether its dispatch picks it
 #: or not
 QUANTIZED_VARIANTS = [
@@ -96,6 +152,13 @@ def test_every_quantized_variant(variant):
         )
         args = quantized_pool(problem.make("cuda"), state_dtype)
         _check(args, read_slots=args["initial_state_indices"], call=call)
+    # and the verify cache at T = 3, in the pool's format
+    problem = Problem(
+        batch=37, tokens=3, HV=32, pool_size=45, padded_rows=(5,), cache_steps=3,
+        disable_state_update=True, seed=9,
+    )  # fmt: skip
+    args = quantized_pool(problem.make("cuda"), state_dtype)
+    _check(args, read_slots=args["initial_state_indices"], call=call)
     for tokens in (1, 4):
         problem = PackedProblem(sequences=9, tokens=tokens, HV=32, padded_rows=(2,), seed=8)
         args = quantized_pool(problem.make("cuda"), state_dtype)
