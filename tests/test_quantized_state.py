@@ -2,6 +2,8 @@
 the spec's limits on their variants, the call's checks of the pool and its scales, and the
 reference's quantized pool."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -10,9 +12,11 @@ from gdngen.problem import Problem
 from gdngen.reference.decode import reference_call
 from gdngen.reference.state_formats import STORAGE_DTYPES, store
 from gdngen.runtime.checks import check_call
+from gdngen.runtime.compile import compile_kernel
 from gdngen.spec.model import Variant
 from gdngen.terms import SCALED_STATE_FORMATS
 from tests.quantized_state import assert_quantized_pool, quantized_pool
+from tests.test_conv_cpu import prologue_key
 from tests.test_checks import make_args, on_fake_cuda
 
 INFO = generated.h200.INFO
@@ -297,3 +301,17 @@ def test_the_state_formats_bench_checks_its_arguments_and_outputs(capsys):
     text = bench.markdown(records, dict(formats=FORMATS, target="h200", copy_GBps=4200))
     assert "| 64 | 1 | 1 | 2.80 | 4.70 | 2.80 | 2.60 | 4.20 | 0.596 | 1.000 | 1.077 |" in text
     assert "| 64 | 4 | 1 | not timed: int8: output off the reference by 0.9 |" in text
+
+
+@pytest.mark.parametrize("state_dtype", ["int8", "fp8_e4m3"])
+def test_the_decode_core_compiles_with_a_quantized_verify_cache(state_dtype):
+    # SGLang's target verify through decode_core: the conv1d prologue, the gated RMSNorm, the
+    # cache rows (values and scales) and no final write, on the variant its dispatch takes there
+    module = importlib.import_module(
+        f"generated.h200.kernels.kl_{state_dtype}_tv64_ilp8_vec8_tpg16_sm90"
+    )
+    key = prologue_key(
+        module, tokens=4, cu_seqlens_dtype="int32", cache=True, cache_rows=True,
+        write_final_state=False, norm_activation="silu", norm_weight_dtype="bf16",
+    )  # fmt: skip
+    assert compile_kernel(module, key) is not None
