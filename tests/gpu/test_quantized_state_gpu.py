@@ -21,20 +21,22 @@ QUANTIZED = ["int8", "fp8_e4m3"]
 
 def _check(
     args: dict, *, read_slots, null_slot=-1, cu_seqlens=None, num_accepted=None, norm=None,
-    call=h200.gdn_decode,
+    call=h200.gdn_decode, flashinfer=None, ref=None,
 ):  # fmt: skip
+    """One call on ``args`` against the reference; ``flashinfer``: FlashInfer's form keywords
+    for the call, ``ref`` the same form as reference_call names it."""
     before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
     cache = args.get("intermediate_states_buffer")
-    forms = {}
+    forms = dict(ref or {})
     if cache is not None:  # the verify cache, in the pool's format with its scales
-        forms = dict(
+        forms.update(
             cache=cache.clone(), cache_scales=args["intermediate_states_scales"].clone(),
             cache_rows=args.get("intermediate_state_indices"),
             disable_state_update=args["disable_state_update"],
         )  # fmt: skip
     output = torch.full(args["v"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
     extra = {} if norm is None else dict(z=norm[0], norm_weight=norm[1])
-    call(**args, output=output, **extra)
+    call(**args, output=output, **extra, **(flashinfer or {}))
     torch.cuda.synchronize()
     expected = _assert_call(
         args, output, before, scales_before, read_slots=read_slots, null_slot=null_slot,
@@ -128,6 +130,46 @@ def test_quantized_pool_with_sglangs_verify_rows(state_dtype):
     )  # fmt: skip
     args = quantized_pool(problem.make("cuda"), state_dtype)
     _check(args, read_slots=args["initial_state_indices"], cu_seqlens=args["cu_seqlens"])
+
+
+@pytest.mark.parametrize("state_dtype", QUANTIZED)
+@pytest.mark.parametrize("batch", [3, 64])
+def test_quantized_pool_with_flashinfers_token_scatter(batch, state_dtype):
+    # ssm_state_indices [B, T]: the state after token t into its own slot, quantized with its
+    # scales; a -1 entry stores nothing; a padding row (read slot -1); no final write
+    problem = Problem(batch=batch, tokens=4, HV=32, pool_size=batch * 5 + 2, seed=batch + 2)
+    args = quantized_pool(problem.make("cuda"), state_dtype)
+    reads = args["initial_state_indices"]
+    taken = set(reads.tolist())
+    free = [s for s in range(args["initial_state"].shape[0]) if s not in taken][: batch * 4]
+    scatter = torch.tensor(free, dtype=reads.dtype, device="cuda").view(batch, 4)
+    reads[1] = -1
+    scatter[0, 1] = -1
+    _check(
+        args, read_slots=reads, flashinfer=dict(ssm_state_indices=scatter),
+        ref=dict(token_slots=scatter),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("state_dtype", QUANTIZED)
+@pytest.mark.parametrize("batch", [5, 96])
+def test_quantized_pool_with_flashinfers_state_recovery(batch, state_dtype):
+    # accepted_steps [B]: each row replays its accepted tokens, stores the state after them in
+    # its write slot (quantized, with its scales), decodes the rest; row 3 writes to -1
+    problem = Problem(
+        batch=batch, tokens=4, HV=32, pool_size=2 * batch + 3, separate_write_slots=True,
+        padded_rows=(1,), seed=batch + 3,
+    )  # fmt: skip
+    args = quantized_pool(problem.make("cuda"), state_dtype)
+    writes = args["output_state_indices"]
+    writes[3] = -1
+    gen = torch.Generator().manual_seed(batch)
+    accepted = torch.randint(0, 4, (batch,), generator=gen).to(writes.dtype).cuda()
+    _check(
+        args, read_slots=args["initial_state_indices"],
+        flashinfer=dict(accepted_steps=accepted),
+        ref=dict(write_slots=writes, accepted_steps=accepted),
+    )  # fmt: skip
 
 
 #: every quantized variant of the target that serves K = V = 128, whether its dispatch picks it
