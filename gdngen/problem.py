@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gdngen.reference.state_formats import store
+from gdngen.reference.state_formats import STORAGE_DTYPES, store
 from gdngen.terms import SCALED_STATE_DTYPES, SCALED_STATE_FORMATS, STATE_BYTES
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -55,6 +55,10 @@ def _drawn_pool(randn, shape: tuple, state_dtype: str) -> tuple[torch.Tensor, di
     return stored.values, {"state_scales": stored.scales}
 
 
+#: the storage dtypes of the quantized states (int8, float8_e4m3fn)
+_SCALED_STORAGE = {STORAGE_DTYPES[fmt] for fmt in SCALED_STATE_FORMATS.values()}
+
+
 def verify_cache(shape: tuple, pool: torch.Tensor) -> dict:
     """A verify cache of ``shape`` in the pool's dtype, poisoned so that a test sees exactly
     which entries a kernel wrote: NaN, or -128 in an int8 cache (a row quantizes to +-127 at
@@ -62,7 +66,7 @@ def verify_cache(shape: tuple, pool: torch.Tensor) -> dict:
     state")."""
     poison = -128 if pool.dtype == torch.int8 else float("nan")
     cache = torch.full(shape, poison, dtype=pool.dtype, device=pool.device)
-    if pool.dtype not in (torch.int8, torch.float8_e4m3fn):
+    if pool.dtype not in _SCALED_STORAGE:
         return {"intermediate_states_buffer": cache}
     scales = torch.full(shape[:-1], float("nan"), dtype=torch.float32, device=pool.device)
     return {"intermediate_states_buffer": cache, "intermediate_states_scales": scales}

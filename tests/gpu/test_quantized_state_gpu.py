@@ -43,7 +43,7 @@ def _check(
         cu_seqlens=cu_seqlens, num_accepted=num_accepted, norm=norm, **forms,
     )  # fmt: skip
     if cache is not None:
-        _assert_cache(args, expected, forms["cache"])
+        _assert_cache(args, expected, forms["cache"], forms["cache_scales"])
 
 
 def _assert_call(args, output, before, scales_before, *, read_slots, norm=None, **forms):
@@ -63,12 +63,15 @@ def _assert_call(args, output, before, scales_before, *, read_slots, norm=None, 
     return expected
 
 
-def _assert_cache(args, expected, cache_before):
+def _assert_cache(args, expected, cache_before, scales_before):
     """The verify cache the call left against the reference's: the (row, step) entries the
-    reference wrote within the pool's bound (tests/quantized_state.py), every other entry still
-    its poison (gdngen.problem.verify_cache), values and scales."""
+    reference wrote within the pool's bound (tests/quantized_state.py), every other entry as it
+    was before the call (gdngen.problem.verify_cache's poison), values and scales, to the bit."""
     cache, scales = args["intermediate_states_buffer"], args["intermediate_states_scales"]
-    entries = lambda t: t.flatten(0, 1)  # noqa: E731  (row, step) -> one entry
+
+    def entries(t):  # [R, steps, ...] -> one (row, step) entry a line
+        return t.flatten(0, 1)
+
     written = ~entries(expected.cache_scales).isnan().flatten(1).all(1)
     assert written.any(), "the reference wrote no cache entry"
     unwritten = ~written
@@ -76,11 +79,14 @@ def _assert_cache(args, expected, cache_before):
         entries(cache)[unwritten].view(torch.int8),
         entries(cache_before)[unwritten].view(torch.int8),
     ), "a cache entry the call does not own changed"
-    assert entries(scales)[unwritten].isnan().all(), "a cache scale the call does not own changed"
+    assert torch.equal(
+        entries(scales)[unwritten].view(torch.int32),
+        entries(scales_before)[unwritten].view(torch.int32),
+    ), "a cache scale the call does not own changed"
     assert_quantized_pool(
         entries(cache)[written], entries(scales)[written], entries(expected.cache)[written],
         entries(expected.cache_scales)[written], entries(cache_before)[written],
-        entries(expected.cache_scales)[written].clone().fill_(float("nan")),
+        entries(scales_before)[written],
     )  # fmt: skip
 
 
