@@ -123,7 +123,7 @@ LAYOUT_PREFIX = {"k_last": "kl", "v_last": "vl"}
 
 def variant_pair(name: str) -> tuple[str, str]:
     """The (layout, state dtype) a canonical variant name spells: ``kl_bf16_...`` -> k_last/bf16.
-    (The runtime reads it from the name, so that it need not import the kernel module.)"""
+    (The runtime reads it from the name, so that it need not import the kernel's code.)"""
     prefix, _, rest = name.partition("_")
     layouts = {p: layout for layout, p in LAYOUT_PREFIX.items()}
     return layouts[prefix], next(d for d in _DTYPES_LONGEST_FIRST if rest.startswith(d + "_"))
@@ -132,9 +132,3 @@ def variant_pair(name: str) -> tuple[str, str]:
 #: the state dtypes, longest first: the one a variant name's rest begins with is the longest that
 #: matches (fp8_e4m3 has a "_" of its own)
 _DTYPES_LONGEST_FIRST = sorted(get_args(StateDtype), key=len, reverse=True)
-
-
-#: the header line of an emitted kernel module that reuses another target's kernel body, naming
-#: the body's file under the generated root (written by gdngen.emit, read by the build
-#: fingerprint in gdngen.runtime.kernel_dir)
-KERNEL_BODY_LINE = "# Kernel body: "

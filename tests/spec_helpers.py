@@ -93,15 +93,22 @@ def _one_variant_files(variant: dict) -> tuple[str, dict]:
 def kernel_text(variant: dict) -> str:
     """The device code of one variant (knobs as in a spec): the emitted body module of its shape,
     from a one-variant sm_90a spec."""
-    name, files = _one_variant_files(variant)
-    body = files[f"kernels/{name}.py"].body_from.removeprefix("mini/")
-    return render(files[body])
+    from gdngen.emit.shape import KernelShape
+    from gdngen.spec.model import Variant
+
+    _, files = _one_variant_files(variant)
+    return render(files[f"bodies/{KernelShape.of(Variant(**variant)).name}.py"])
 
 
 def variant_text(variant: dict) -> str:
-    """The emitted module of one variant (knobs as in a spec): its knobs and host side."""
+    """The emitted row of one variant (knobs as in a spec), with the comment above it."""
     name, files = _one_variant_files(variant)
-    return render(files[f"kernels/{name}.py"])
+    lines = render(files["kernels/__init__.py"]).splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith(f'    Row("{name}"'))
+    comment = row
+    while lines[comment - 1].startswith("    # "):
+        comment -= 1
+    return "\n".join(lines[comment : row + 1])
 
 
 def changed_code_lines(before: str, after: str) -> list[str]:

@@ -20,6 +20,7 @@ from gdngen.spec import load_spec
 from gdngen.spec.model import LOAD_CACHE_PTX, STORE_CACHE_PTX
 from gdngen.sm import SM_FACTS
 from gdngen.terms import SCALED_STATE_DTYPES, kernel_serves_head_dims
+from gdngen.runtime.kernel_table import load_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "generated"
@@ -89,7 +90,7 @@ def test_every_target_is_checked():
 @pytest.mark.parametrize("target_name,variant", list(_cases()))
 def test_kernel_compiles_for_its_target(target_name, variant):
     target = importlib.import_module(f"generated.{target_name}")
-    module = importlib.import_module(f"generated.{target_name}.kernels.{variant}")
+    module = load_kernel(f"generated.{target_name}.kernels.{variant}")
     knobs = load_spec(ROOT / "specs" / f"{target_name}.yaml").variants_by_name[variant]
     registers_per_sm = SM_FACTS[target.INFO.sm].registers
     for key in _keys(target.INFO, module):

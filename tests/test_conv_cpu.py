@@ -10,6 +10,7 @@ import torch
 import generated.h200
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.spec import load_spec
+from gdngen.runtime.kernel_table import load_kernel
 from tests.spec_helpers import SPEC_PATH
 from tests.test_checks import B, POOL, make_args, on_fake_cuda, raises
 
@@ -246,7 +247,7 @@ def prologue_key(module, **changes) -> CompileKey:
 )
 def test_the_prologue_compiles_for_each_target(target, variant, K, T, cu):
     package = importlib.import_module(f"generated.{target}")
-    module = importlib.import_module(f"generated.{target}.kernels.{variant}")
+    module = load_kernel(f"generated.{target}.kernels.{variant}")
     key = prologue_key(
         module, arch=package.INFO.sm, tokens=T, K=K, V=K, cu_seqlens_dtype=cu,
         norm_activation="silu", norm_weight_dtype="bf16",
@@ -265,14 +266,12 @@ def test_the_prologue_compiles_for_each_target(target, variant, K, T, cu):
     ids=["vllm_spec_decode", "separate_write_slots", "no_state_update", "sglang_verify_cache"],
 )  # fmt: skip
 def test_the_prologue_compiles_in_every_slot_form(form):
-    module = importlib.import_module("generated.h200.kernels.kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90")
+    module = load_kernel("generated.h200.kernels.kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90")
     assert compile_kernel(module, prologue_key(module, tokens=4, **form)) is not None
 
 
 def test_a_staged_kernel_refuses_the_prologue_at_trace_time():
-    module = importlib.import_module(
-        "generated.h200.kernels.kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
-    )
+    module = load_kernel("generated.h200.kernels.kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90")
     with pytest.raises(ValueError, match="has no conv1d prologue"):
         compile_kernel(module, prologue_key(module, tokens=2, conv_bias=False))
 
@@ -325,7 +324,7 @@ def test_the_reference_windows_restore_the_state_at_any_accepted_token():
 def test_the_reader_count_takes_relaxed_adds_and_no_fence(tmp_path):
     # The key head's reader count needs no ordering beyond its CTA barrier (conv.arrive): an
     # acquire-release add's fence held warp 0 behind the state's loads (4-5% of a bf16 call).
-    module = importlib.import_module("generated.h200.kernels.kl_bf16_tv128_ilp8_vec8_tpg16_sm90")
+    module = load_kernel("generated.h200.kernels.kl_bf16_tv128_ilp8_vec8_tpg16_sm90")
     key = prologue_key(module, tokens=2, norm_activation="silu", norm_weight_dtype="bf16")
     compile_kernel(module, key, dump_dir=tmp_path)
     (ptx,) = tmp_path.glob("*.ptx")

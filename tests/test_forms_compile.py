@@ -10,6 +10,7 @@ import re
 import pytest
 
 from gdngen.runtime.compile import CompileKey, compile_kernel
+from gdngen.runtime.kernel_table import load_kernel
 
 BASE = dict(
     tokens=4, H=16, HV=32, K=128, V=128, io_dtype="bf16", gate_dtype="bf16", dt_bias_dtype="fp32",
@@ -72,7 +73,7 @@ def _b200_variant() -> str:
 )
 def test_engine_form_compiles(tmp_path, target, arch, variant, form):
     variant = variant or _b200_variant()
-    module = importlib.import_module(f"generated.{target}.kernels.{variant}")
+    module = load_kernel(f"generated.{target}.kernels.{variant}")
     key = CompileKey(variant=variant, arch=arch, **dict(BASE, **FORMS[form]))
     compile_kernel(module, key, dump_dir=tmp_path)
     ptx = next(tmp_path.glob("*.ptx")).read_text()
@@ -88,7 +89,7 @@ def test_forms_are_compile_keys():
 
 def _scalar_loads(tmp_path, **changes) -> int:
     variant = "kl_bf16_tv16_ilp4_vec8_tpg16_pre_sm90"
-    module = importlib.import_module(f"generated.h200.kernels.{variant}")
+    module = load_kernel(f"generated.h200.kernels.{variant}")
     folder = tmp_path / "_".join(sorted(changes)) if changes else tmp_path / "plain"
     key = CompileKey(variant=variant, arch="sm_90a", **dict(BASE, **FORMS["vllm_spec"], **changes))
     compile_kernel(module, key, dump_dir=folder)

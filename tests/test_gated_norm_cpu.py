@@ -11,6 +11,7 @@ import generated.h200
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.spec import load_spec
 from gdngen.spec.model import Variant
+from gdngen.runtime.kernel_table import load_kernel
 from tests.spec_helpers import SPEC_PATH
 from tests.test_checks import make_args, on_fake_cuda, raises
 
@@ -149,7 +150,7 @@ def test_which_kernels_have_the_epilogue():
 )
 def test_the_epilogue_compiles_for_each_target(target, variant, K, T):
     package = importlib.import_module(f"generated.{target}")
-    module = importlib.import_module(f"generated.{target}.kernels.{variant}")
+    module = load_kernel(f"generated.{target}.kernels.{variant}")
     key = CompileKey(
         variant=variant, arch=package.INFO.sm, tokens=T, H=16, HV=32, K=K, V=K, io_dtype="bf16",
         gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype=module.STATE_DTYPE,
@@ -160,9 +161,7 @@ def test_the_epilogue_compiles_for_each_target(target, variant, K, T):
 
 
 def test_a_kernel_without_the_epilogue_refuses_z_at_trace_time():
-    module = importlib.import_module(
-        "generated.h200.kernels.kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90"
-    )
+    module = load_kernel("generated.h200.kernels.kl_bf16_tv64_ilp8_vec8_tpg16_staged_sm90")
     key = CompileKey(
         variant=module.NAME, arch="sm_90a", tokens=2, H=16, HV=32, K=128, V=128, io_dtype="bf16",
         gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype="bf16", index_dtype="int32",

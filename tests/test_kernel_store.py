@@ -3,6 +3,7 @@ foreign and stale entries, loading without the compiler, the build and cache com
 signature the call path keys on, and warm-up (docs/design.md, "Architecture")."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from gdngen.runtime import kernel_dir, store
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.runtime.forms import reachable_variants
 from gdngen.runtime.kernel_dir import KernelDir, KernelDirWarning, entry_name, fingerprint
+from gdngen.runtime.kernel_table import kernel_content_sha256, load_kernel
 from gdngen.runtime.launcher import call_key
 from tests.spec_helpers import ROOT
 from tests.test_light_import import GENERATOR
@@ -87,29 +89,36 @@ def test_an_edited_device_helper_changes_the_entry(monkeypatch, tmp_path):
         kernel_dir.device_helpers_sha256.cache_clear()
 
 
-def test_module_hash_is_read_from_the_header_without_importing():
-    sys.modules.pop(MODULE, None)
-    digest = kernel_dir.module_content_sha256(MODULE)
-    assert MODULE not in sys.modules
-    # its own hash and its body's (the device code), each from its file's header
-    header = (ROOT / "generated/h200/kernels" / f"{VARIANT}.py").read_text().splitlines()
-    body = ROOT / "generated" / header[3].removeprefix("# Kernel body: ")
-    body_hash = body.read_text().splitlines()[2].removeprefix("# Content sha256: ")
-    assert f"# Content sha256: {digest}" == f"{header[2]}+{body_hash}"
+def test_a_variant_hash_is_read_without_importing_its_body():
+    import generated.h200.kernels as kernels
+
+    body_module = f"generated.h200.bodies.{kernels.KERNELS.rows[VARIANT].body.rpartition('.')[2]}"
+    sys.modules.pop(body_module, None)
+    kernel_content_sha256.cache_clear()
+    digest = kernel_content_sha256(MODULE)
+    assert body_module not in sys.modules
+    # its row's hash and its body's (the device code), that one from the body file's header
+    row_hash, body_hash = digest.split("+")
+    body = ROOT / "generated" / "h200" / "bodies" / f"{body_module.rpartition('.')[2]}.py"
+    assert f"# Content sha256: {body_hash}" == body.read_text().splitlines()[2]
+    row = kernels.KERNELS.rows[VARIANT]
+    assert row_hash == hashlib.sha256(repr(row).encode()).hexdigest()[:16]
+    # a knob of the row, or the body it names, is part of the hash
+    assert repr(row) == (
+        f"Row('{VARIANT}', '..bodies.kl_stepwise', TILE_V=16, ILP=4, VEC=8, THREADS_PER_GROUP=16)"
+    )
 
 
 @pytest.fixture(scope="module")
 def compiled():
     """One real JIT compile (CPU), reused."""
-    import importlib
-
-    return compile_kernel(importlib.import_module(MODULE), KEY)
+    return compile_kernel(load_kernel(MODULE), KEY)
 
 
 @pytest.fixture
 def saved(tmp_path, compiled):
     folder = KernelDir(tmp_path / "kernels", writable=True)
-    record = fingerprint(KEY, kernel_dir.module_content_sha256(MODULE))
+    record = fingerprint(KEY, kernel_content_sha256(MODULE))
     folder.save(record, compiled)
     return folder, record
 
@@ -429,8 +438,9 @@ def test_build_then_warmup_from_the_artifacts_in_a_fresh_process(tmp_path):
     assert warmed == {"by_source": {"artifact": 6}, "heavy": []}  # CuTe DSL, pydantic, ...
 
     # generated code changed (a stale build): nothing is loaded from the old artifacts
-    kernel = tmp_path / "generated/mini/kernels/kl_bf16_tv16_ilp4_vec8_tpg16_sm90.py"
-    kernel.write_text(kernel.read_text().replace("# Content sha256: ", "# Content sha256: 0"))
+    # (the body both variants run, as a template edit re-emits it)
+    body = tmp_path / "generated/mini/bodies/kl_stepwise.py"
+    body.write_text(body.read_text().replace("# Content sha256: ", "# Content sha256: 0"))
     stale = _python(
         """
         import json
@@ -440,7 +450,7 @@ def test_build_then_warmup_from_the_artifacts_in_a_fresh_process(tmp_path):
         {**env, "GDNGEN_ARTIFACTS": str(tmp_path / "art")},
         cwd=tmp_path,
     )
-    assert stale == {"compiled": 1, "artifact": 1}
+    assert stale == {"compiled": 2}
 
 
 def test_build_refuses_stale_generated_code(tmp_path):

@@ -20,6 +20,7 @@ from gdngen.runtime.forms import Form, spec_forms
 from gdngen.runtime.pdl import StreamWrites, span_bytes
 from gdngen.spec import load_spec
 from gdngen.terms import conv_step_name, kernel_serves_head_dims, variant_pair
+from gdngen.runtime.kernel_table import load_kernel
 from tests.spec_helpers import ROOT
 from tests.test_checks import INFO, make_args, on_fake_cuda
 
@@ -71,7 +72,7 @@ def split_at_wait(text: str, middles: int = 1) -> tuple[str, str]:
 
 
 def h200_kernel(variant: str):
-    return importlib.import_module(f"generated.h200.kernels.{variant}")
+    return load_kernel(f"generated.h200.kernels.{variant}")
 
 
 def test_the_plain_kernel_loads_its_state_before_the_wait_and_its_inputs_after(tmp_path):
@@ -97,9 +98,9 @@ def test_every_targets_fused_core_waits_once_and_writes_after(target, arch, tmp_
     variant = next(
         name for name in served if name.startswith("kl_bf16") and "staged" not in name
         and "tv128" not in name and spec.variants_by_name[name].ilp >= 4
-        and kernel_serves_head_dims(importlib.import_module(f"{module_name}.{name}"), 128, 128)
+        and kernel_serves_head_dims(load_kernel(f"{module_name}.{name}"), 128, 128)
     )  # fmt: skip
-    module = importlib.import_module(f"{module_name}.{variant}")
+    module = load_kernel(f"{module_name}.{variant}")
     text = ptx_of(module, key(variant, arch, tokens=2, **CORE), tmp_path / "core")
     before, _ = split_at_wait(text)
     assert not WRITES.search(before)

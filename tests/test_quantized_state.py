@@ -15,6 +15,7 @@ from gdngen.runtime.checks import check_call
 from gdngen.runtime.compile import compile_kernel
 from gdngen.spec.model import Variant
 from gdngen.terms import SCALED_STATE_FORMATS
+from gdngen.runtime.kernel_table import load_kernel
 from tests.quantized_state import assert_quantized_pool, quantized_pool
 from tests.test_conv_cpu import prologue_key
 from tests.test_checks import make_args, on_fake_cuda
@@ -310,9 +311,7 @@ def test_the_state_formats_bench_checks_its_arguments_and_outputs(capsys):
 def test_the_decode_core_compiles_with_a_quantized_verify_cache(state_dtype):
     # SGLang's target verify through decode_core: the conv1d prologue, the gated RMSNorm, the
     # cache rows (values and scales) and no final write, on the variant its dispatch takes there
-    module = importlib.import_module(
-        f"generated.h200.kernels.kl_{state_dtype}_tv64_ilp8_vec8_tpg16_sm90"
-    )
+    module = load_kernel(f"generated.h200.kernels.kl_{state_dtype}_tv64_ilp8_vec8_tpg16_sm90")
     key = prologue_key(
         module, tokens=4, cu_seqlens_dtype="int32", cache=True, cache_rows=True,
         write_final_state=False, norm_activation="silu", norm_weight_dtype="bf16",

@@ -4,6 +4,8 @@ extend another for a second SM, and a call on the wrong GPU is told which import
 import importlib
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from gdngen.runtime.kernel_dir import file_content_sha256
 from gdngen.runtime.siblings import targets_built_for, wrong_gpu_message
 from gdngen.spec import SpecError, load_spec, parse_spec, spec_sha256
 from gdngen.sm import SM_FACTS
-from gdngen.terms import KERNEL_BODY_LINE, sm_suffix
+from gdngen.runtime.kernel_table import load_kernel
+from gdngen.terms import sm_suffix
 from tests.spec_helpers import to_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,16 +124,14 @@ def test_an_extending_target_compiles_the_kernel_bodies_of_the_spec_it_extends(t
     spec = load_spec(SPECS / f"{target}.yaml")
     root = spec.ancestors[-1][0]  # dgx_spark -> rtx_blackwell -> h200: the bodies are h200's
     assert not (ROOT / "generated" / target / "bodies").exists()  # the root has every shape
+    table = importlib.import_module(f"generated.{target}.kernels").KERNELS
     for variant in spec.variants:
         name, body = spec.variant_name(variant), KernelShape.of(variant).name
-        text = (ROOT / "generated" / target / "kernels" / f"{name}.py").read_text()
-        assert f"{KERNEL_BODY_LINE}{root.target}/bodies/{body}.py\n" in text, name
-        assert f"from ...{root.target}.bodies.{body} import device_code\n" in text, name
+        assert table.rows[name].body == f"...{root.target}.bodies.{body}", name
+        assert table.body_path(name) == ROOT / "generated" / root.target / "bodies" / f"{body}.py"
     variant = spec.variants[-1]
-    module = importlib.import_module(f"generated.{target}.kernels.{spec.variant_name(variant)}")
-    root_module = importlib.import_module(
-        f"generated.{root.target}.kernels.{root.variant_name(variant)}"
-    )
+    module = load_kernel(f"generated.{target}.kernels.{spec.variant_name(variant)}")
+    root_module = load_kernel(f"generated.{root.target}.kernels.{root.variant_name(variant)}")
     # One device code, its own name and host side (the kernel's symbol names this target's SM).
     assert module.device_code is root_module.device_code
     assert module.NAME != root_module.NAME and module.launch is not root_module.launch
@@ -153,16 +154,22 @@ def test_a_shape_the_parent_lacks_gets_its_own_kernel_body(tmp_path):
                                             "variants": variants + [new_point, new_shape]})  # fmt: skip
     spec = load_spec(child)
     planned = {p.relpath: p for p in plan_target(spec, "child.yaml")}
-    point, shape = (f"kernels/{spec.variant_name(v)}.py" for v in spec.variants[-2:])
-    assert planned[point].body_from == "b200/bodies/kl_stepwise.py"
-    assert planned[shape].body_from == "child/bodies/kl_staged.py"
+    rows = dict(
+        (kernel.name, body) for kernel, body in planned["kernels/__init__.py"].context["rows"]
+    )
+    point, shape = (spec.variant_name(v) for v in spec.variants[-2:])
+    assert rows[point] == "...b200.bodies.kl_stepwise"
+    assert rows[shape] == "..bodies.kl_staged"
     assert sorted(p for p in planned if p.startswith("bodies/")) == [
         "bodies/__init__.py",
         "bodies/kl_staged.py",
     ]
-    assert {p.template for p in planned.values() if p.relpath.startswith("kernels/k")} == {
-        "kernel.py.j2"
-    }
+    # a variant is a row of the table, never a module of its own (beside it: the step kernels)
+    assert sorted(p for p in planned if p.startswith("kernels/")) == [
+        "kernels/__init__.py",
+        "kernels/conv_step_sm103.py",
+        "kernels/norm_step_sm103.py",
+    ]
 
 
 def test_a_child_is_not_emitted_before_the_bodies_it_reuses(tmp_path):
@@ -181,20 +188,32 @@ def test_a_child_is_not_emitted_before_the_bodies_it_reuses(tmp_path):
 
 
 def test_an_edited_body_changes_the_build_fingerprint_of_every_target_compiling_it(tmp_path):
+    # dgx_spark's rows run h200's bodies: a copy of both packages, then h200's body re-emitted
     spec = load_spec(SPECS / "dgx_spark.yaml")
-    variant = spec.variants[0]
-    body = f"h200/bodies/{KernelShape.of(variant).name}.py"
-    reuse = f"dgx_spark/kernels/{spec.variant_name(variant)}.py"
-    for relpath in (body, reuse):
-        (tmp_path / relpath).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / "generated" / relpath, tmp_path / relpath)
-    before = file_content_sha256(tmp_path / reuse)
-    own = (tmp_path / reuse).read_text().splitlines()[2].removeprefix("# Content sha256: ")
-    assert before == f"{own}+{file_content_sha256(tmp_path / body)}"
-    text = (tmp_path / body).read_text().splitlines(keepends=True)
+    name = spec.variant_name(spec.variants[0])
+    body = tmp_path / "gen" / "h200" / "bodies" / f"{KernelShape.of(spec.variants[0]).name}.py"
+    for target in ("h200", "dgx_spark"):
+        shutil.copytree(ROOT / "generated" / target, tmp_path / "gen" / target)
+    (tmp_path / "gen" / "__init__.py").write_text("")
+    probe = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+from gdngen.runtime.kernel_table import kernel_content_sha256
+print(kernel_content_sha256("gen.dgx_spark.kernels.{name}"))
+"""
+
+    def content():
+        run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    before = content()
+    row, body_hash = before.split("+")
+    assert body_hash == file_content_sha256(body)
+    text = body.read_text().splitlines(keepends=True)
     text[2] = "# Content sha256: 0123456789abcdef\n"  # the body as a template edit re-emits it
-    (tmp_path / body).write_text("".join(text))
-    assert file_content_sha256(tmp_path / reuse) == f"{own}+0123456789abcdef"
+    body.write_text("".join(text))
+    assert content() == f"{row}+0123456789abcdef"
 
 
 # -- each target's own limits ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.launcher import call_key
 from gdngen.runtime.resources import kernel_resources
 from gdngen.terms import variant_pair
+from gdngen.runtime.kernel_table import load_kernel
 from tests.test_checks import on_fake_cuda, raises
 from tests.test_forms_checks import HV, K, POOL, V, call_args
 
@@ -94,7 +95,7 @@ def test_a_pool_the_kernel_cannot_take_is_refused_by_name(name, pool, exc, fragm
      "kl_fp32_tv16_ilp4_vec4_tpg32_staged_sm90"],
 )  # fmt: skip
 def test_the_strided_kernel_keeps_its_vector_loads(variant):
-    module = importlib.import_module(f"generated.h200.kernels.{variant}")
+    module = load_kernel(f"generated.h200.kernels.{variant}")
     key = CompileKey(
         variant=variant, arch="sm_90a", tokens=2, H=16, HV=64, K=128, V=128, io_dtype="bf16",
         gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype=variant_pair(variant)[1],

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from gdngen.runtime.compile import CompileKey, compile_kernel  # noqa: E402
 from gdngen.spec import load_spec  # noqa: E402
 from gdngen.terms import PORTABLE_CLUSTER, kernel_serves_head_dims  # noqa: E402
+from gdngen.runtime.kernel_table import load_kernel
 
 #: the compile keys, by name: the call forms whose code differs most (docs/design.md, "Call
 #: forms"); "spec_uniform" is the spec form with rows placed at n * T and an exact table.
@@ -102,7 +103,7 @@ def snapshot_variant(spec_path: str, variant: str, keys: tuple[str, ...], out: s
     """Compile one variant for each key, writing out/<variant>/<key>.ptx; a line saying what."""
     spec = load_spec(spec_path)
     target = importlib.import_module(f"generated.{spec.target}")
-    module = importlib.import_module(f"generated.{spec.target}.kernels.{variant}")
+    module = load_kernel(f"generated.{spec.target}.kernels.{variant}")
     knobs = spec.variants_by_name[variant]
     folder = Path(out) / variant
     folder.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 This is the one place where variants are enumerated (sorted by canonical name), where each
 becomes what the templates read (:class:`KernelPlan`: its code shape, which names the body
-module its kernel module calls, and the numbers of its code), and where the dispatch table is
+module its row of the kernels table runs, and the numbers of its code), and where the dispatch table is
 assembled: measured rules for the (layout, dtype) pairs whose timings still hold, the spec's
 static rules for the others (docs/design.md, "Architecture").
 """
@@ -49,13 +49,12 @@ EVIDENCE = "dispatch_evidence.txt"
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """A variant as the templates see it: its name, the knobs its module spells, the shape of its
-    code (:class:`gdngen.emit.shape.KernelShape`, which picks the body), the numbers derived for
-    its code and the prose of its docstring. Plain data: the templates never read the spec's
+    """A variant as the templates see it: its name, its knobs, the shape of its code
+    (:class:`gdngen.emit.shape.KernelShape`, which picks the body), the numbers derived for its
+    code and the prose of its row's comment. Plain data: the templates never read the spec's
     pydantic models."""
 
     name: str
-    layout_doc: str
     summary: str
     shape: KernelShape
     layout: str
@@ -78,6 +77,22 @@ class KernelPlan:
     load_cache_mode: str
     store_cache_mode: str
 
+    @property
+    def device_numbers(self) -> dict[str, int | str]:
+        """What its row passes to its body's ``device_code``, by keyword (KernelShape.numbers)."""
+        values = {
+            "TILE_V": self.tile_v,
+            "ILP": self.ilp,
+            "VEC": self.vec,
+            "THREADS_PER_GROUP": self.threads_per_group,
+            "K_SPLITS": self.k_splits,
+            "ROW_PASSES": self.row_passes,
+            "STATE_VECTOR": self.state_vector,
+            "LOAD_CACHE_MODE": self.load_cache_mode,
+            "STORE_CACHE_MODE": self.store_cache_mode,
+        }
+        return {name: values[name] for name, _ in self.shape.numbers}
+
     @classmethod
     def of(cls, variant: Variant, sm: str) -> "KernelPlan":
         stride = lane_stride(variant.layout, variant.threads_per_group)
@@ -85,11 +100,6 @@ class KernelPlan:
         loads = _loads_per_lane(variant)
         return cls(
             name=variant.name_for(sm),
-            layout_doc=(
-                "K-last [pool, HV, V, K]"
-                if variant.layout == "k_last"
-                else "V-last [pool, HV, K, V]"
-            ),
             summary=_summary(variant, stride, offsets, loads),
             shape=KernelShape.of(variant),
             layout=variant.layout,
@@ -119,7 +129,7 @@ def _loads_per_lane(variant: Variant) -> int:
 
 
 def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int) -> str:
-    """The kernel docstring's paragraph on how the variant maps the state onto lanes, from its
+    """The paragraph of its row's comment on how the variant maps the state onto lanes, from its
     lane stride, its group's butterfly offsets and its state loads a lane."""
     lanes = "lane" if variant.threads_per_group == 1 else "lanes"
     splits = f" in each of {variant.k_splits} K splits" if variant.k_splits > 1 else ""
@@ -211,9 +221,6 @@ class PlannedFile:
     template: str
     spec_path: str
     context: dict = field(hash=False, compare=False)
-    #: for a kernel module: its body module's path under the generated root (its header names
-    #: it, and the build fingerprint hashes it too)
-    body_from: str | None = None
 
 
 def natural_key(name: str) -> tuple:
@@ -244,7 +251,7 @@ def plan_target(
         "served": [list(pair) for pair in spec.served],
         "spec": spec_path,
     }
-    files = [kernel_file(spec, spec_path, kernel) for kernel in kernels]
+    files = []
     # the bodies of the shapes no spec this one extends has
     own = {k.shape.name: k.shape for k in kernels if body_source(spec, k.shape) is None}
     files += [
@@ -284,7 +291,10 @@ def plan_target(
             relpath="kernels/__init__.py",
             template="kernels_init.py.j2",
             spec_path=spec_path,
-            context={"target": target_info, "variant_names": [k.name for k in kernels]},
+            context={
+                "target": target_info,
+                "rows": [(kernel, body_import(spec, kernel.shape)) for kernel in kernels],
+            },
         )
     )
     files += dispatch_files(spec, spec_path, measured, other_gpus or {})
@@ -316,23 +326,12 @@ def body_path(spec: Spec, shape: KernelShape) -> str:
     return f"{target}/bodies/{shape.name}.py"
 
 
-def kernel_file(spec: Spec, spec_path: str, kernel: KernelPlan) -> PlannedFile:
-    """A variant's kernel module: its knobs and host side, naming the body of its shape (this
-    target's, or that of a target whose spec this one extends)."""
-    source = body_source(spec, kernel.shape)
+def body_import(spec: Spec, shape: KernelShape) -> str:
+    """The import of the body of ``shape`` relative to ``spec``'s kernels package (this target's
+    bodies, or those of a target whose spec this one extends)."""
+    source = body_source(spec, shape)
     package = ".." if source is None else f"...{source[0].target}."
-    return PlannedFile(
-        f"kernels/{kernel.name}.py",
-        "kernel.py.j2",
-        spec_path,
-        {
-            "kernel": kernel,
-            "sm": spec.sm,
-            "spec_path": spec_path,
-            "body_module": f"{package}bodies.{kernel.shape.name}",
-        },
-        body_from=body_path(spec, kernel.shape),
-    )
+    return f"{package}bodies.{shape.name}"
 
 
 def measured_sets(

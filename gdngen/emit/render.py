@@ -15,8 +15,6 @@ import threading
 import black
 import jinja2
 
-from gdngen.terms import KERNEL_BODY_LINE
-
 from .plan import TEMPLATE_DIR, PlannedFile
 
 BLACK_MODE = black.Mode(line_length=100, target_versions={black.TargetVersion.PY310})
@@ -60,7 +58,6 @@ def header(planned: PlannedFile, content: str) -> str:
         "do not edit.\n"
         f"# Regenerate: gdngen emit {planned.spec_path}\n"
         f"# Content sha256: {content_sha256(content)}\n"
-        + (f"{KERNEL_BODY_LINE}{planned.body_from}\n" if planned.body_from else "")
     )
 
 

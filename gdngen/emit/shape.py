@@ -90,6 +90,21 @@ class KernelShape:
         )
 
     @property
+    def numbers(self) -> tuple[tuple[str, str], ...]:
+        """The numbers a body of this shape takes (its ``device_code``'s keywords) and their
+        types: the knobs every shape has, then those of its branches."""
+        return (
+            (("TILE_V", "int"), ("ILP", "int"), ("VEC", "int"), ("THREADS_PER_GROUP", "int"))
+            + ((("K_SPLITS", "int"),) if self.k_split else ())
+            + ((("ROW_PASSES", "int"),) if self.solve == "staged" else ())
+            + (
+                (("STATE_VECTOR", "int"), ("LOAD_CACHE_MODE", "str"), ("STORE_CACHE_MODE", "str"))
+                if self.cache_ops
+                else ()
+            )
+        )
+
+    @property
     def state_raw_until_use(self) -> str:
         """Where a 16-bit or int8 state stays in its own dtype until the solve's first use of it
         (the templates' tile_load): "scaled" (an int8 or fp8 state, always, but for the rows of a

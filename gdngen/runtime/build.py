@@ -19,7 +19,8 @@ from types import ModuleType
 
 from .compile import CompileKey, compile_kernel
 from .forms import compile_keys, key_mode, spec_forms
-from .kernel_dir import KernelDir, fingerprint, module_content_sha256, toolchain_versions
+from .kernel_dir import KernelDir, fingerprint, toolchain_versions
+from .kernel_table import kernel_content_sha256, load_kernel
 
 MANIFEST = "MANIFEST.json"
 
@@ -35,17 +36,15 @@ def target_keys(spec, target: ModuleType, geometries=None) -> list[CompileKey]:
     )  # fmt: skip
 
 
-def _build_one(module_name: str, key: CompileKey, out: str) -> str:
-    import importlib
-
+def _build_one(qualname: str, key: CompileKey, out: str) -> str:
     folder = KernelDir(out, writable=True)
-    record = fingerprint(key, module_content_sha256(module_name))
+    record = fingerprint(key, kernel_content_sha256(qualname))
     if folder.has(record):
         return "present"
     with folder.locked(record):
         if folder.has(record):
             return "present"
-        folder.save(record, compile_kernel(importlib.import_module(module_name), key))
+        folder.save(record, compile_kernel(load_kernel(qualname), key))
     return "built"
 
 
@@ -79,7 +78,7 @@ def build_artifacts(
     folder = KernelDir(out, writable=True)
     entries = []
     for key in keys:
-        record = fingerprint(key, module_content_sha256(f"{package}.{key.variant}"))
+        record = fingerprint(key, kernel_content_sha256(f"{package}.{key.variant}"))
         library, _ = folder.files(record)
         entries.append({"key": dataclasses.asdict(key), "library": str(library.relative_to(out))})
     manifest = {

@@ -33,7 +33,6 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Iterator
 
-from gdngen.terms import KERNEL_BODY_LINE
 
 from .compile import CompileKey
 
@@ -96,33 +95,16 @@ def device_helpers_sha256() -> str:
     return digest.hexdigest()[:16]
 
 
-@cache
-def module_content_sha256(module_name: str) -> str:
-    """The content hash a generated module's header carries (gdngen.emit.render), read from its
-    file without importing it (importing a kernel module imports CuTe DSL, seconds). A kernel
-    module adds the hash of the body its header names (its device code, this target's or another
-    target's), so that an edited body never meets a binary compiled from the old one."""
-    spec = util.find_spec(module_name)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(f"no module {module_name}")
-    return file_content_sha256(Path(spec.origin))
-
-
 def file_content_sha256(path: Path) -> str:
-    """:func:`module_content_sha256` of a module's file."""
-    own = body = None
+    """The content hash a generated module's header carries (gdngen.emit.render), read from its
+    file without importing it (importing a kernel body imports CuTe DSL, seconds); a module
+    that is not emitted (a test's hand-written kernel) by its whole file."""
     with open(path) as handle:
-        for _ in range(5):
+        for _ in range(3):
             line = handle.readline()
             if line.startswith("# Content sha256: "):
-                own = line.split(":", 1)[1].strip()
-            elif line.startswith(KERNEL_BODY_LINE):
-                # the body's path under the generated root: <root>/<target>/kernels/<this>.py
-                body = path.parents[2] / line.removeprefix(KERNEL_BODY_LINE).strip()
-    if own is None:
-        # not an emitted module (a test's hand-written one): hash the whole file
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return own if body is None else f"{own}+{file_content_sha256(body)}"
+                return line.split(":", 1)[1].strip()
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def fingerprint(key: CompileKey, module_sha256: str) -> dict:

@@ -27,13 +27,11 @@ tensors' device is made current for the planning (compile and load) and the laun
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import linecache
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Callable
 
 import torch
@@ -57,6 +55,7 @@ from .info import TargetInfo
 from .kernel_args import CHECKED, KEYWORDS, RUN_TIME_ARGS
 from .pdl import STREAM_WRITES, span_bytes
 from .store import kernel_for
+from .kernel_table import VariantKernel, load_kernel
 from .siblings import wrong_gpu_message
 from .views import kernel_views, needs_views
 from .workspace import conv_arrivals
@@ -328,8 +327,9 @@ class DecodeCall:
         self._plans: dict[tuple, Plan] = {}
         self._lock = threading.Lock()
 
-    def module(self, variant: str) -> ModuleType:
-        return importlib.import_module(f"{self._kernels_package()}.{variant}")
+    def module(self, variant: str) -> VariantKernel:
+        """``variant``'s kernel (its knobs, device code and host side)."""
+        return load_kernel(f"{self._kernels_package()}.{variant}")
 
     def _plan(self, arguments: dict) -> Plan:
         """The full checks and the kernel for one call (slow path, once per signature)."""

@@ -2,14 +2,13 @@
 directories (``gdngen build``; $GDNGEN_ARTIFACTS or :func:`add_artifact_dir`), the persistent
 disk cache (:mod:`.kernel_dir`), and last the JIT compile, whose result goes into the disk cache.
 
-Only the JIT step imports the kernel module (and with it CuTe DSL, seconds); a kernel found on
+Only the JIT step imports the kernel's code (and with it CuTe DSL, seconds); a kernel found on
 disk is loaded with TVM-FFI alone. Each kernel is compiled at most once per process (threads wait
 for the one compiling it) and, through the disk cache's entry locks, once per machine.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import warnings
@@ -22,8 +21,8 @@ from .kernel_dir import (
     KernelDirWarning,
     default_cache_dir,
     fingerprint,
-    module_content_sha256,
 )
+from .kernel_table import kernel_content_sha256, load_kernel
 
 ARTIFACTS_ENV = "GDNGEN_ARTIFACTS"
 #: set to 0 to keep compiled kernels out of the disk cache (JIT in every process, as before)
@@ -70,9 +69,10 @@ def _key_lock(cache_key) -> threading.Lock:
         return _key_locks.setdefault(cache_key, threading.Lock())
 
 
-def find_kernel(module_name: str, key: CompileKey) -> Found:
-    """The kernel of ``module_name`` (a generated kernel module) for ``key``, and its source."""
-    cache_key = (module_name, key)
+def find_kernel(qualname: str, key: CompileKey) -> Found:
+    """The kernel ``qualname`` names (gdngen.runtime.kernel_table.load_kernel) for ``key``, and
+    its source."""
+    cache_key = (qualname, key)
     kernel = _kernels.get(cache_key)
     if kernel is not None:
         return Found(kernel, "memory")
@@ -80,7 +80,7 @@ def find_kernel(module_name: str, key: CompileKey) -> Found:
         kernel = _kernels.get(cache_key)
         if kernel is not None:
             return Found(kernel, "memory")
-        record = fingerprint(key, module_content_sha256(module_name))
+        record = fingerprint(key, kernel_content_sha256(qualname))
         found = None
         for folder in artifact_dirs():
             kernel = folder.load(record)
@@ -90,7 +90,7 @@ def find_kernel(module_name: str, key: CompileKey) -> Found:
         disk = cache_dir() if found is None else None
         if disk is not None:
             try:
-                found = _from_disk_cache(module_name, key, record, disk)
+                found = _from_disk_cache(qualname, key, record, disk)
             except OSError as exc:  # a cache folder that cannot be written: compile, say so
                 warnings.warn(
                     f"gdngen: the disk cache {disk.path} is not usable ({exc}); compiling "
@@ -99,13 +99,13 @@ def find_kernel(module_name: str, key: CompileKey) -> Found:
                     stacklevel=2,
                 )
         if found is None:
-            found = Found(_compile(module_name, key, record, None), "compiled")
+            found = Found(_compile(qualname, key, record, None), "compiled")
         _kernels[cache_key] = found.kernel
         _sources[cache_key] = found.source
         return found
 
 
-def _from_disk_cache(module_name: str, key: CompileKey, record: dict, disk: KernelDir) -> Found:
+def _from_disk_cache(qualname: str, key: CompileKey, record: dict, disk: KernelDir) -> Found:
     kernel = disk.load(record)
     if kernel is not None:
         return Found(kernel, "cache")
@@ -113,11 +113,11 @@ def _from_disk_cache(module_name: str, key: CompileKey, record: dict, disk: Kern
         kernel = disk.load(record)  # another process may have built it meanwhile
         if kernel is not None:
             return Found(kernel, "cache")
-        return Found(_compile(module_name, key, record, disk), "compiled")
+        return Found(_compile(qualname, key, record, disk), "compiled")
 
 
-def _compile(module_name: str, key: CompileKey, record: dict, disk: KernelDir | None):
-    module = importlib.import_module(module_name)
+def _compile(qualname: str, key: CompileKey, record: dict, disk: KernelDir | None):
+    module = load_kernel(qualname)
     with _compile_lock:  # one CuTe DSL compile at a time in a process
         compiled = compile_kernel(module, key)
     if disk is not None:
@@ -132,8 +132,8 @@ def _compile(module_name: str, key: CompileKey, record: dict, disk: KernelDir | 
     return compiled
 
 
-def kernel_for(module_name: str, key: CompileKey):
-    return find_kernel(module_name, key).kernel
+def kernel_for(qualname: str, key: CompileKey):
+    return find_kernel(qualname, key).kernel
 
 
 def compiled_count() -> int:

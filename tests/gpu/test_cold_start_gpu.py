@@ -16,7 +16,8 @@ import generated.h200 as h200
 from gdngen.problem import Problem
 from gdngen.runtime import store
 from gdngen.runtime.compile import CompileKey
-from gdngen.runtime.kernel_dir import KernelDir, fingerprint, module_content_sha256
+from gdngen.runtime.kernel_dir import KernelDir, fingerprint
+from gdngen.runtime.kernel_table import kernel_content_sha256
 from tests.gpu.check_call import run_and_check
 
 pytestmark = pytest.mark.gpu
@@ -128,7 +129,7 @@ def test_first_call_in_a_fresh_process_comes_from_the_artifacts(tmp_path):
 
     folder = KernelDir(tmp_path, writable=True)
     folder.save(
-        fingerprint(key, module_content_sha256(module)),
+        fingerprint(key, kernel_content_sha256(module)),
         compile_kernel(importlib.import_module(module), key),
     )
     code = f"""

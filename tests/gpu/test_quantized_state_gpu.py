@@ -12,6 +12,7 @@ from gdngen.problem import PackedProblem, Problem
 from gdngen.reference.decode import reference_call
 from gdngen.reference.norm import gated_rmsnorm
 from gdngen.terms import kernel_serves_head_dims
+from gdngen.runtime.kernel_table import load_kernel
 from tests.compare import assert_close
 from tests.quantized_state import assert_quantized_pool, quantized_pool
 
@@ -184,13 +185,13 @@ QUANTIZED_VARIANTS = [
     name
     for name in h200.VARIANTS
     if name.startswith(("kl_int8_", "kl_fp8_e4m3_"))
-    and kernel_serves_head_dims(importlib.import_module(f"generated.h200.kernels.{name}"), 128, 128)
+    and kernel_serves_head_dims(load_kernel(f"generated.h200.kernels.{name}"), 128, 128)
 ]
 
 
 @pytest.mark.parametrize("variant", QUANTIZED_VARIANTS)
 def test_every_quantized_variant(variant):
-    state_dtype = importlib.import_module(f"generated.h200.kernels.{variant}").STATE_DTYPE
+    state_dtype = load_kernel(f"generated.h200.kernels.{variant}").STATE_DTYPE
     # Dense rows at T = 1 (a tile kept in units of its rows' scales: gdngen/device/quant.py) and
     # T = 2, with a padding row, then vLLM's verify form at T = 1 and T = 4.
     call = h200.variant(variant)
