@@ -4,7 +4,9 @@ import torch
 
 from gdngen.problem import TORCH_DTYPES, Problem, state_of
 from gdngen.reference import reference_decode
+from gdngen.terms import SCALED_STATE_DTYPES
 from tests.compare import assert_close
+from tests.gpu.check_quantized import check_quantized_call
 
 
 def as_k_last(state: torch.Tensor, layout: str) -> torch.Tensor:
@@ -17,10 +19,14 @@ def run_and_check(
     """``device``: where the problem's tensors live (the current device may be another).
     ``unwritten_rows``: rows whose write slot is set to -1 (FlashInfer's meaning: computed, no
     final state stored; the problem needs separate write slots). ``extra``: more keywords of the
-    call."""
+    call. A quantized state (int8, fp8 e4m3) is checked by tests/gpu/check_quantized.py."""
     args = problem.make(device)
     for row in unwritten_rows:
         args["output_state_indices"][row] = -1
+    if problem.state_dtype in SCALED_STATE_DTYPES:
+        read_slots = args.get("initial_state_indices")
+        check_quantized_call(args, read_slots=read_slots, call=call, flashinfer=extra)
+        return
     pool = state_of(args)
     pool_before = pool.clone()
     cache = args.get("intermediate_states_buffer")

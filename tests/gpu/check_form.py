@@ -5,7 +5,9 @@ import torch
 
 from gdngen.problem import TORCH_DTYPES, PackedProblem
 from gdngen.reference import reference_call
+from gdngen.terms import SCALED_STATE_DTYPES
 from tests.compare import assert_close
+from tests.gpu.check_quantized import check_quantized_call
 
 
 def kernel_form(args: dict, problem: PackedProblem) -> dict:
@@ -67,7 +69,17 @@ def check_against(
 
 
 def run_form(call, problem: PackedProblem, *, pass_output: bool = False) -> dict:
+    """One call in ``problem``'s form against the reference; a quantized state (int8, fp8 e4m3)
+    by tests/gpu/check_quantized.py (q, k and v as tensors of their own: no mixed_qkv)."""
     args = problem.make("cuda")
+    if problem.state_dtype in SCALED_STATE_DTYPES:
+        assert "mixed_qkv" not in args, "a quantized state's forms are checked with q, k and v"
+        check_quantized_call(
+            args, read_slots=args.get("initial_state_indices"), null_slot=args["null_slot"],
+            cu_seqlens=args["cu_seqlens"], num_accepted=args.get("num_accepted_tokens"),
+            call=call,
+        )  # fmt: skip
+        return args
     pool = args["initial_state"]
     pool_before = pool.clone()
     cache = args.get("intermediate_states_buffer")

@@ -15,9 +15,8 @@ import torch
 import generated.h200 as h200
 from gdngen.problem import Problem
 from gdngen.runtime import store
-from gdngen.runtime.compile import CompileKey
 from gdngen.runtime.kernel_dir import KernelDir, fingerprint
-from gdngen.runtime.kernel_table import kernel_content_sha256
+from gdngen.runtime.kernel_table import kernel_content_sha256, load_kernel
 from tests.gpu.check_call import run_and_check
 
 pytestmark = pytest.mark.gpu
@@ -63,13 +62,14 @@ def test_concurrent_first_calls_compile_once_and_are_correct():
     problems = [
         Problem(batch=3 + i % 2, tokens=3, HV=32, pool_size=8, seed=40 + i) for i in range(8)
     ]
-    key = CompileKey(
-        variant=name, arch="sm_90a", tokens=3, H=16, HV=32, K=128, V=128, io_dtype="bf16",
-        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype="bf16", index_dtype="int32",
-        separate_write_slots=False, cache=False, write_final_state=True, use_qk_l2norm=True,
-    )  # fmt: skip
-    cache_key = (f"generated.h200.kernels.{name}", key)
-    assert cache_key not in store._kernels
+
+    def compiled():  # this process's kernels of the variant for these problems (T = 3, HV = 32)
+        return [
+            key for qualname, key in store._kernels
+            if key.variant == name and key.tokens == 3 and key.HV == 32
+        ]  # fmt: skip
+
+    assert compiled() == []
     errors = []
     barrier = threading.Barrier(len(problems))
 
@@ -86,7 +86,7 @@ def test_concurrent_first_calls_compile_once_and_are_correct():
     for thread in threads:
         thread.join()
     assert not errors, errors
-    assert cache_key in store._kernels and call.signatures() == 2
+    assert len(compiled()) == 1 and call.signatures() == 2
 
 
 def test_capture_right_after_warmup():
@@ -117,20 +117,23 @@ def test_capture_right_after_warmup():
 
 def test_first_call_in_a_fresh_process_comes_from_the_artifacts(tmp_path):
     name = "kl_bf16_tv16_ilp2_vec8_tpg16_sm90"
-    key = CompileKey(
-        variant=name, arch="sm_90a", tokens=1, H=16, HV=32, K=128, V=128, io_dtype="bf16",
-        gate_dtype="bf16", dt_bias_dtype="fp32", state_dtype="bf16", index_dtype="int32",
-        separate_write_slots=False, cache=False, write_final_state=True, use_qk_l2norm=True,
-    )  # fmt: skip
     module = f"generated.h200.kernels.{name}"
-    import importlib
-
     from gdngen.runtime.compile import compile_kernel
 
+    # The key the call below compiles (its forms and the PDL default of this GPU), from a call of
+    # the same signature in this process.
+    h200.variant(name)(**Problem(batch=3, HV=32, pool_size=5, seed=1).make("cuda"))
+    plain = dict(tokens=1, HV=32, io_dtype="bf16", index_dtype="int32", cache=False,
+                 separate_write_slots=False, cu_seqlens_dtype=None, norm_activation=None,
+                 conv_width=None)  # fmt: skip
+    (key,) = {
+        key for qualname, key in store._kernels
+        if qualname == module and all(getattr(key, f) == value for f, value in plain.items())
+    }  # fmt: skip
     folder = KernelDir(tmp_path, writable=True)
     folder.save(
         fingerprint(key, kernel_content_sha256(module)),
-        compile_kernel(importlib.import_module(module), key),
+        compile_kernel(load_kernel(module), key),
     )
     code = f"""
         import json, sys, time

@@ -8,6 +8,7 @@ workspace holds the convolved rows in q's dtype: for it the reference's conv out
 rounded to that dtype once, as the workspace rounds them."""
 
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -24,9 +25,12 @@ from gdngen.reference import (
 )
 from gdngen.problem import PackedProblem
 from gdngen.reference.core import split_mixed_qkv
+from gdngen.reference.decode import reference_call
+from gdngen.terms import SCALED_STATE_DTYPES
 from tests.compare import assert_close
 from tests.gpu.check_call import as_k_last
 from tests.gpu.check_form import check_against, expected_of
+from tests.quantized_state import assert_quantized_pool, quantized_pool
 
 pytestmark = pytest.mark.gpu
 
@@ -104,7 +108,8 @@ def make_case(*, B, T, H=16, HV=32, K=128, V=128, layout="k_last", state_dtype="
         conv_bias=randn(channels, std=0.2) if bias else None,
         conv_state=conv_pool(pool_size, channels, width, conv_layout, gen),
     )
-    pool = randn(pool_size, HV, *head, std=0.5, dtype=DTYPES[state_dtype])
+    quantized = state_dtype in SCALED_STATE_DTYPES  # drawn in fp32, stored with its row scales
+    pool = randn(pool_size, HV, *head, std=0.5, dtype=DTYPES.get(state_dtype, torch.float32))
     if slots is None:
         case["state"] = pool
     else:
@@ -114,11 +119,14 @@ def make_case(*, B, T, H=16, HV=32, K=128, V=128, layout="k_last", state_dtype="
         for row in padded:
             reads[row] = null_slot
         case.update(initial_state=pool, initial_state_indices=reads.int(), null_slot=null_slot)
-    return case
+    return quantized_pool(case, state_dtype) if quantized else case
 
 
-def expected(case, *, H, K, HV, V, activation="silu", z=None, norm_weight=None, eps=1e-6):
-    """The reference outputs, pools and live rows of one dense call."""
+def expected(
+    case, *, H, K, HV, V, activation="silu", z=None, norm_weight=None, eps=1e-6, scales=None
+):
+    """The reference outputs, pools and live rows of one dense call; with ``scales`` (those of a
+    quantized pool, before the call), reference_call's ExpectedCall in place of the rows."""
     pool = case.get("state", case.get("initial_state"))
     slots = case.get("initial_state_indices")
     null_slot = case.get("null_slot", -1)
@@ -128,7 +136,8 @@ def expected(case, *, H, K, HV, V, activation="silu", z=None, norm_weight=None, 
     )  # fmt: skip
     q, k, v = split_mixed_qkv(conv_out, H, K, HV, V)
     read = None if slots is None else torch.where(slots.long() <= null_slot, -1, slots.long())
-    ref = reference_decode(
+    reference = reference_decode if scales is None else partial(reference_call, state_scales=scales)
+    ref = reference(
         q, k, v, pool, case["A_log"], case["a"], case["dt_bias"], case["b"], read_slots=read,
         state_layout=case["state_layout"],
     )  # fmt: skip
@@ -150,24 +159,33 @@ def run_and_check(case, *, H=16, K=128, HV=32, V=128, activation="silu", norm=Tr
         norm_weight = (1 + 0.5 * torch.randn(V, generator=gen, device="cuda")).bfloat16()
     pool = case.get("state", case.get("initial_state"))
     pool_before, conv_before = pool.clone(), case["conv_state"].clone()
+    scales = case.get("state_scales")  # a quantized pool's (tests/gpu/check_quantized.py)
+    scales_before = None if scales is None else scales.clone()
     ref_out, ref, conv_after = expected(
-        case, H=H, K=K, HV=HV, V=V, activation=activation, z=z, norm_weight=norm_weight
-    )
+        case, H=H, K=K, HV=HV, V=V, activation=activation, z=z, norm_weight=norm_weight,
+        scales=scales_before,
+    )  # fmt: skip
     out, _ = call(**case, conv_activation=activation, z=z, norm_weight=norm_weight)
     torch.cuda.synchronize()
 
-    live = ref.live
+    slots = case.get("initial_state_indices")
+    live = (
+        torch.ones(B, dtype=torch.bool, device="cuda")
+        if slots is None
+        else slots.long() > case.get("null_slot", -1)
+    )
     assert_close("output", out[live], ref_out[live], torch.bfloat16)
     if (~live).any():
         assert (out[~live] == 0).all(), "padded rows must have zero output"
-    slots = case.get("initial_state_indices")
     slots = torch.arange(B, device="cuda") if slots is None else slots.long()
     owned = torch.zeros(pool.shape[0], dtype=torch.bool, device="cuda")
     owned[slots[live]] = True
-    state_dtype = pool.dtype
-    assert_close("final state", as_k_last(pool[slots[live]], case["state_layout"]),
-                 ref.final_state[live], state_dtype, rounded_inputs())  # fmt: skip
-    assert torch.equal(pool[~owned], pool_before[~owned]), "a recurrent slot not owned changed"
+    if scales is not None:
+        assert_quantized_pool(pool, scales, ref.pool, ref.scales, pool_before, scales_before)
+    else:
+        assert_close("final state", as_k_last(pool[slots[live]], case["state_layout"]),
+                     ref.final_state[live], pool.dtype, rounded_inputs())  # fmt: skip
+        assert torch.equal(pool[~owned], pool_before[~owned]), "a recurrent slot not owned changed"
     # The new conv columns are inputs or kept columns, moved: exact.
     assert torch.equal(case["conv_state"][owned], conv_after[owned]), "conv state"
     assert torch.equal(

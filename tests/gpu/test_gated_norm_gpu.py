@@ -7,8 +7,10 @@ import torch
 import generated.h200 as h200
 from gdngen.problem import TORCH_DTYPES, Problem, state_of
 from gdngen.reference import gated_rmsnorm, reference_decode
+from gdngen.terms import SCALED_STATE_DTYPES
 from tests.compare import assert_close
 from tests.gpu.check_call import as_k_last
+from tests.gpu.check_quantized import check_quantized_call
 
 pytestmark = pytest.mark.gpu
 
@@ -38,6 +40,13 @@ def run_norm_and_check(
     an engine's norm kernel does): the reference rounds it too."""
     args = problem.make("cuda")
     z, weight = norm_inputs(problem, **norm_options)
+    if problem.state_dtype in SCALED_STATE_DTYPES:  # its own checks: tests/gpu/check_quantized.py
+        read_slots = args.get("initial_state_indices")
+        norm = (z, weight, eps, activation)
+        check_quantized_call(
+            args, read_slots=read_slots, call=call, norm=norm, norm_split=norm_split
+        )
+        return
     pool = state_of(args)
     pool_before = pool.clone()
     io = TORCH_DTYPES[problem.io_dtype]

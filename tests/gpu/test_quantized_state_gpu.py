@@ -9,86 +9,13 @@ import torch
 
 import generated.h200 as h200
 from gdngen.problem import PackedProblem, Problem
-from gdngen.reference.decode import reference_call
-from gdngen.reference.norm import gated_rmsnorm
 from gdngen.terms import kernel_serves_head_dims
 from gdngen.runtime.kernel_table import load_kernel
-from tests.compare import assert_close
-from tests.quantized_state import assert_quantized_pool, quantized_pool
+from tests.gpu.check_quantized import assert_quantized_call, check_quantized_call
+from tests.quantized_state import quantized_pool
 
 pytestmark = pytest.mark.gpu
 QUANTIZED = ["int8", "fp8_e4m3"]
-
-
-def _check(
-    args: dict, *, read_slots, null_slot=-1, cu_seqlens=None, num_accepted=None, norm=None,
-    call=h200.gdn_decode, flashinfer=None, ref=None,
-):  # fmt: skip
-    """One call on ``args`` against the reference; ``flashinfer``: FlashInfer's form keywords
-    for the call, ``ref`` the same form as reference_call names it."""
-    before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
-    cache = args.get("intermediate_states_buffer")
-    forms = dict(ref or {})
-    if cache is not None:  # the verify cache, in the pool's format with its scales
-        forms.update(
-            cache=cache.clone(), cache_scales=args["intermediate_states_scales"].clone(),
-            cache_rows=args.get("intermediate_state_indices"),
-            disable_state_update=args["disable_state_update"],
-        )  # fmt: skip
-    output = torch.full(args["v"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    extra = {} if norm is None else dict(z=norm[0], norm_weight=norm[1])
-    call(**args, output=output, **extra, **(flashinfer or {}))
-    torch.cuda.synchronize()
-    expected = _assert_call(
-        args, output, before, scales_before, read_slots=read_slots, null_slot=null_slot,
-        cu_seqlens=cu_seqlens, num_accepted=num_accepted, norm=norm, **forms,
-    )  # fmt: skip
-    if cache is not None:
-        _assert_cache(args, expected, forms["cache"], forms["cache_scales"])
-
-
-def _assert_call(args, output, before, scales_before, *, read_slots, norm=None, **forms):
-    """What the call left in ``output`` and in the pool against the reference's, from the pool
-    ``before`` it and its scales (``forms``: reference_call's null_slot, cu_seqlens, ...)."""
-    expected = reference_call(
-        args["q"], args["k"], args["v"], before, args["A_log"], args["a"], args["dt_bias"],
-        args["b"], read_slots=read_slots, state_scales=scales_before, **forms,
-    )  # fmt: skip
-    ref = expected.output
-    if norm is not None:
-        ref = gated_rmsnorm(ref, norm[0], norm[1], eps=1e-6, activation="silu")
-    live = ~torch.isnan(ref)
-    assert_close("output", output[live], ref[live], torch.bfloat16)
-    pool, scales = args["initial_state"], args["state_scales"]
-    assert_quantized_pool(pool, scales, expected.pool, expected.scales, before, scales_before)
-    return expected
-
-
-def _assert_cache(args, expected, cache_before, scales_before):
-    """The verify cache the call left against the reference's: the (row, step) entries the
-    reference wrote within the pool's bound (tests/quantized_state.py), every other entry as it
-    was before the call (gdngen.problem.verify_cache's poison), values and scales, to the bit."""
-    cache, scales = args["intermediate_states_buffer"], args["intermediate_states_scales"]
-
-    def entries(t):  # [R, steps, ...] -> one (row, step) entry a line
-        return t.flatten(0, 1)
-
-    written = ~entries(expected.cache_scales).isnan().flatten(1).all(1)
-    assert written.any(), "the reference wrote no cache entry"
-    unwritten = ~written
-    assert torch.equal(
-        entries(cache)[unwritten].view(torch.int8),
-        entries(cache_before)[unwritten].view(torch.int8),
-    ), "a cache entry the call does not own changed"
-    assert torch.equal(
-        entries(scales)[unwritten].view(torch.int32),
-        entries(scales_before)[unwritten].view(torch.int32),
-    ), "a cache scale the call does not own changed"
-    assert_quantized_pool(
-        entries(cache)[written], entries(scales)[written], entries(expected.cache)[written],
-        entries(expected.cache_scales)[written], entries(cache_before)[written],
-        entries(scales_before)[written],
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
@@ -100,7 +27,7 @@ def test_quantized_pool_dense_rows(batch, tokens, state_dtype):
         padded_rows=(1,) if batch > 2 else (), seed=batch * 10 + tokens,
     )  # fmt: skip
     args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(args, read_slots=args["initial_state_indices"])
+    check_quantized_call(args, read_slots=args["initial_state_indices"])
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
@@ -109,7 +36,7 @@ def test_quantized_pool_vllm_spec_decode(sequences, state_dtype):
     # vLLM's verify form: a [N, 1 + S] slot table, every token's state stored in the pool.
     problem = PackedProblem(sequences=sequences, tokens=4, HV=32, padded_rows=(1,), seed=sequences)
     args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(
+    check_quantized_call(
         args, read_slots=args["initial_state_indices"], null_slot=0,
         cu_seqlens=args["cu_seqlens"], num_accepted=args["num_accepted_tokens"],
     )  # fmt: skip
@@ -125,7 +52,7 @@ def test_quantized_pool_with_a_verify_cache(batch, state_dtype):
         disable_state_update=True, padded_rows=(1,) if batch > 2 else (), seed=batch + 1,
     )  # fmt: skip
     args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(args, read_slots=args["initial_state_indices"])
+    check_quantized_call(args, read_slots=args["initial_state_indices"])
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
@@ -136,7 +63,9 @@ def test_quantized_pool_with_sglangs_verify_rows(state_dtype):
         disable_state_update=True, padded_rows=(2,), null_slot=-1, seed=4,
     )  # fmt: skip
     args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(args, read_slots=args["initial_state_indices"], cu_seqlens=args["cu_seqlens"])
+    check_quantized_call(
+        args, read_slots=args["initial_state_indices"], cu_seqlens=args["cu_seqlens"]
+    )
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
@@ -152,7 +81,7 @@ def test_quantized_pool_with_flashinfers_token_scatter(batch, state_dtype):
     scatter = torch.tensor(free, dtype=reads.dtype, device="cuda").view(batch, 4)
     reads[1] = -1
     scatter[0, 1] = -1
-    _check(
+    check_quantized_call(
         args, read_slots=reads, flashinfer=dict(ssm_state_indices=scatter),
         ref=dict(token_slots=scatter),
     )  # fmt: skip
@@ -172,7 +101,7 @@ def test_quantized_pool_with_flashinfers_state_recovery(batch, state_dtype):
     writes[3] = -1
     gen = torch.Generator().manual_seed(batch)
     accepted = torch.randint(0, 4, (batch,), generator=gen).to(writes.dtype).cuda()
-    _check(
+    check_quantized_call(
         args, read_slots=args["initial_state_indices"],
         flashinfer=dict(accepted_steps=accepted),
         ref=dict(write_slots=writes, accepted_steps=accepted),
@@ -200,18 +129,18 @@ def test_every_quantized_variant(variant):
             batch=37, tokens=tokens, HV=32, pool_size=45, padded_rows=(5,), seed=7 + tokens
         )
         args = quantized_pool(problem.make("cuda"), state_dtype)
-        _check(args, read_slots=args["initial_state_indices"], call=call)
+        check_quantized_call(args, read_slots=args["initial_state_indices"], call=call)
     # and the verify cache at T = 3, in the pool's format
     problem = Problem(
         batch=37, tokens=3, HV=32, pool_size=45, padded_rows=(5,), cache_steps=3,
         disable_state_update=True, seed=9,
     )  # fmt: skip
     args = quantized_pool(problem.make("cuda"), state_dtype)
-    _check(args, read_slots=args["initial_state_indices"], call=call)
+    check_quantized_call(args, read_slots=args["initial_state_indices"], call=call)
     for tokens in (1, 4):
         problem = PackedProblem(sequences=9, tokens=tokens, HV=32, padded_rows=(2,), seed=8)
         args = quantized_pool(problem.make("cuda"), state_dtype)
-        _check(
+        check_quantized_call(
             args, read_slots=args["initial_state_indices"], null_slot=0,
             cu_seqlens=args["cu_seqlens"], num_accepted=args["num_accepted_tokens"], call=call,
         )  # fmt: skip
@@ -225,7 +154,7 @@ def test_quantized_pool_with_the_gated_norm(batch, state_dtype):
     gen = torch.Generator(device="cuda").manual_seed(batch)
     z = torch.randn(args["v"].shape, generator=gen, device="cuda").bfloat16()
     weight = (1 + 0.1 * torch.randn(128, generator=gen, device="cuda")).bfloat16()
-    _check(args, read_slots=args["initial_state_indices"], norm=(z, weight))
+    check_quantized_call(args, read_slots=args["initial_state_indices"], norm=(z, weight))
 
 
 @pytest.mark.parametrize("state_dtype", QUANTIZED)
@@ -245,4 +174,6 @@ def test_quantized_pool_under_a_cuda_graph(state_dtype):
         before, scales_before = args["initial_state"].clone(), args["state_scales"].clone()
         graph.replay()
         torch.cuda.synchronize()
-        _assert_call(args, output, before, scales_before, read_slots=args["initial_state_indices"])
+        assert_quantized_call(
+            args, output, before, scales_before, read_slots=args["initial_state_indices"]
+        )
