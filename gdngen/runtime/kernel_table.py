@@ -51,9 +51,8 @@ class Row:
 class VariantKernel:
     """A variant built from its row: its knobs (``LAYOUT``, ``STATE_DTYPE`` and the row's numbers,
     as upper-case attributes), its body's ``device_code`` and the ``code`` it makes for those
-    numbers, the CTA that code has (``THREADS``, ``HEAD_K_DIM``), ``launch`` (its host side,
-    which CuTe DSL compiles) and ``gdn_decode``: the call bound to this variant alone, with the
-    checks and compile cache of the dispatching call."""
+    numbers, the CTA that code has (``THREADS``, ``HEAD_K_DIM``) and ``launch`` (its host side,
+    which CuTe DSL compiles). The call that runs it alone is its target's ``variant(name)``."""
 
     KIND = "decode"
 
@@ -69,7 +68,6 @@ class VariantKernel:
         self.code = self.device_code(**row.numbers)
         self.THREADS, self.HEAD_K_DIM = self.code.threads, self.code.head_k_dim
         self.launch = decode_launcher(self.code, name=row.name, min_ctas_per_sm=row.min_ctas_per_sm)
-        self.gdn_decode = bind_variant(package, row.name)
 
     def __repr__(self) -> str:
         return f"<VariantKernel {self.NAME}>"
@@ -115,19 +113,6 @@ class KernelTable:
         """What a kernel of ``name`` is built from: its row, and its body's content hash."""
         row = hashlib.sha256(repr(self.rows[name]).encode()).hexdigest()[:16]
         return f"{row}+{file_content_sha256(self.body_path(name))}"
-
-
-def bind_variant(package: str, variant: str):
-    """The call that runs ``variant`` of kernels package ``package`` alone, checked against its
-    target's info (imported on first call)."""
-    from .launcher import Choice, DecodeCall
-
-    target_package = package.rpartition(".")[0]
-
-    def info():
-        return importlib.import_module(target_package).INFO
-
-    return DecodeCall(variant, info, lambda call: Choice(variant), lambda: package)
 
 
 def _table_of(qualname: str) -> tuple[KernelTable | None, str]:
