@@ -328,23 +328,17 @@ def option_value(key: CompileKey, arg: KernelArg):
 
 def compile_kernel(module: ModuleType, key: CompileKey, *, dump_dir: Path | None = None):
     """Compile ``module.launch`` for ``key``; with ``dump_dir``, keep its PTX and cubin there.
-    A decode kernel's module, or a target's conv step or norm step (``KIND = "conv_step"``,
-    ``"norm_step"``: gdngen.runtime.conv_step, gdngen.runtime.norm_step)."""
+    A decode kernel (a variant of a kernels table, or a test's kernel module), or a target's conv
+    step or norm step, whose module names the fake arguments of its launch (``fake_arguments``:
+    gdngen.runtime.conv_step, gdngen.runtime.norm_step)."""
     import cutlass.cute as cute
 
     options = f"--enable-tvm-ffi --gpu-arch={key.arch}"
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         options += f" --keep-ptx --keep-cubin --dump-dir={dump_dir}"
-    kind = getattr(module, "KIND", "decode")
-    if kind == "conv_step":
-        from .conv_step import fake_conv_step_arguments
-
-        return cute.compile(module.launch, *fake_conv_step_arguments(key), options=options)
-    if kind == "norm_step":
-        from .norm_step import fake_norm_step_arguments
-
-        return cute.compile(module.launch, *fake_norm_step_arguments(key), options=options)
+    if getattr(module, "KIND", "decode") != "decode":  # a step kernel
+        return cute.compile(module.launch, *module.fake_arguments(key), options=options)
     if not kernel_serves_head_dims(module, key.K, key.V):
         raise ValueError(
             f"{module.NAME} serves K={module.HEAD_K_DIM} and V divisible by {module.TILE_V}; "
