@@ -93,10 +93,14 @@ def test_a_variant_hash_is_read_without_importing_its_body():
     import generated.h200.kernels as kernels
 
     body_module = f"generated.h200.bodies.{kernels.KERNELS.rows[VARIANT].body.rpartition('.')[2]}"
-    sys.modules.pop(body_module, None)
-    kernel_content_sha256.cache_clear()
-    digest = kernel_content_sha256(MODULE)
-    assert body_module not in sys.modules
+    imported = sys.modules.pop(body_module, None)
+    try:  # (then put back: other tests hold kernels built from the module as imported)
+        kernel_content_sha256.cache_clear()
+        digest = kernel_content_sha256(MODULE)
+        assert body_module not in sys.modules
+    finally:
+        if imported is not None:
+            sys.modules[body_module] = imported
     # its row's hash and its body's (the device code), that one from the body file's header
     row_hash, body_hash = digest.split("+")
     body = ROOT / "generated" / "h200" / "bodies" / f"{body_module.rpartition('.')[2]}.py"
