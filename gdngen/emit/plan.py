@@ -2,8 +2,8 @@
 
 This is the one place where variants are enumerated (sorted by canonical name), where each
 becomes what the templates read (:class:`KernelPlan`: its code shape, which names the body
-module its row of the kernels table runs, and the numbers of its code), and where the dispatch table is
-assembled: measured rules for the (layout, dtype) pairs whose timings still hold, the spec's
+module its row of the kernels table runs, and the numbers of its code), and where the dispatch
+table is assembled: measured rules for the (layout, dtype) pairs whose timings still hold, the spec's
 static rules for the others (docs/design.md, "Architecture").
 """
 
@@ -79,19 +79,9 @@ class KernelPlan:
 
     @property
     def device_numbers(self) -> dict[str, int | str]:
-        """What its row passes to its body's ``device_code``, by keyword (KernelShape.numbers)."""
-        values = {
-            "TILE_V": self.tile_v,
-            "ILP": self.ilp,
-            "VEC": self.vec,
-            "THREADS_PER_GROUP": self.threads_per_group,
-            "K_SPLITS": self.k_splits,
-            "ROW_PASSES": self.row_passes,
-            "STATE_VECTOR": self.state_vector,
-            "LOAD_CACHE_MODE": self.load_cache_mode,
-            "STORE_CACHE_MODE": self.store_cache_mode,
-        }
-        return {name: values[name] for name, _ in self.shape.numbers}
+        """What its row passes to its body's ``device_code``, by keyword (KernelShape.numbers):
+        each the field of the keyword's name in lower case."""
+        return {name: getattr(self, name.lower()) for name, _ in self.shape.numbers}
 
     @classmethod
     def of(cls, variant: Variant, sm: str) -> "KernelPlan":

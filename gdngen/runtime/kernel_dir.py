@@ -33,7 +33,6 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Iterator
 
-
 from .compile import CompileKey
 
 #: bumped when an entry's files change shape
