@@ -118,6 +118,11 @@ def _loads_per_lane(variant: Variant) -> int:
     return variant.ilp * variant.row_loads if variant.layout == "k_last" else variant.vec
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural but for one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int) -> str:
     """The paragraph of its row's comment on how the variant maps the state onto lanes, from its
     lane stride, its group's butterfly offsets and its state loads a lane."""
@@ -146,10 +151,10 @@ def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int
         )
     return (
         f"Each CTA owns {variant.tile_v} rows of one (batch, value head) state: "
-        f"{variant.groups} groups of {variant.threads_per_group} {lanes}{splits} "
+        f"{_count(variant.groups, 'group')} of {variant.threads_per_group} {lanes}{splits} "
         f"({variant.threads} threads). A lane keeps a {variant.ilp} x {variant.vec} fp32 "
-        f"tile ({variant.ilp} rows x {variant.vec} K columns) in registers for all T tokens{tiles}"
-        f" moves it with {loads} loads of {variant.load_bytes} bytes, and "
+        f"tile ({_count(variant.ilp, 'row')} x {variant.vec} K columns) in registers for all T "
+        f"tokens{tiles} moves it with {_count(loads, 'load')} of {variant.load_bytes} bytes, and "
         f"{reduction}"
         + (" with packed fp32x2 FMAs." if variant.packed_fma else ".")
         + (
