@@ -69,8 +69,6 @@ def lane_token(token_at: list, token_live: list, T: int):
 def shared_gates(lane_g, lane_beta, T: int):
     """Every token's ``g`` and ``beta`` (two lists), each from the lane of the warp that computed
     them (:func:`lane_token`): lane t has token t's. Every lane of the warp must take part."""
-    if T == 1:
-        return [lane_g], [lane_beta]
     g = [cute.arch.shuffle_sync(lane_g, offset=t) for t in range(T)]
     beta = [cute.arch.shuffle_sync(lane_beta, offset=t) for t in range(T)]
     return g, beta
