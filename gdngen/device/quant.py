@@ -145,9 +145,31 @@ def store_scaled_rows(
     the rows' scales into ``scale_rows[first_row ..]``. Every lane of the group must take part
     (the butterfly). With ``units`` (``ilp`` registers), row i of the tile is ``units[i] *
     h[i, :]`` (a tile kept in units of its rows' scales)."""
-    is_int8 = dst.element_type is Int8
+    words = word_tile(ilp, vec)
+    scales = cute.make_rmem_tensor((ilp,), Float32)
+    quantize_rows(h, words, scales, ilp, vec, butterfly, dst.element_type, units)
+    store_quantized_rows(words, scales, dst, scale_rows, first_row, writer, ilp)
+
+
+@cute.jit
+def quantize_rows(
+    h: cute.Tensor,
+    words: cute.Tensor,
+    scales: cute.Tensor,
+    ilp: cutlass.Constexpr[int],
+    vec: cutlass.Constexpr[int],
+    butterfly: cutlass.Constexpr,
+    fmt: cutlass.Constexpr,
+    units=None,
+):
+    """``words`` (a :func:`word_tile`) and ``scales`` (``ilp`` fp32 registers) = the lane's
+    ``(ilp, vec)`` fp32 tile h quantized to format ``fmt`` (Int8 or Float8E4M3FN), each row
+    with its group's scale, as :func:`store_scaled_rows` stores it. Every lane of the group
+    must take part (the butterfly). Apart from the store, it serves where the tile is quantized
+    ahead of its store's branch (the compilers do not schedule across one): each token's, in
+    the late-stores kernels (docs/design.md, "Late stores"), and the final state's."""
+    is_int8 = fmt is Int8
     largest = SCALED_STATE_MAX["int8" if is_int8 else "fp8_e4m3"]
-    packed = word_tile(ilp, vec)
     for i in cutlass.range_constexpr(ilp):
         amax = Float32(0.0)
         for j in cutlass.range_constexpr(vec):
@@ -164,16 +186,31 @@ def store_scaled_rows(
         )
         if cutlass.const_expr(units is not None):
             amax = units[i] * amax
-        scale = Float32(cutlass.select_(nonzero, amax * (1.0 / largest), Float32(1.0)))
+        scales[i] = Float32(cutlass.select_(nonzero, amax * (1.0 / largest), Float32(1.0)))
         for w in cutlass.range_constexpr(vec // 4):
             if cutlass.const_expr(is_int8):
                 rounded = [_rounded_over_magic(h[i, 4 * w + byte], inverse) for byte in range(4)]
-                packed[i, w] = _low_bytes(*rounded)
+                words[i, w] = _low_bytes(*rounded)
             else:
-                packed[i, w] = _e4m3_word(*[h[i, 4 * w + byte] * inverse for byte in range(4)])
-        if writer:
-            scale_rows[first_row + i] = scale
-    packed_words(dst).store(packed.load())
+                words[i, w] = _e4m3_word(*[h[i, 4 * w + byte] * inverse for byte in range(4)])
+
+
+@cute.jit
+def store_quantized_rows(
+    words: cute.Tensor,
+    scales: cute.Tensor,
+    dst: cute.Tensor,
+    scale_rows: cute.Tensor,
+    first_row,
+    writer,
+    ilp: cutlass.Constexpr[int],
+):
+    """Store a tile :func:`quantize_rows` made into the tile ``dst``; the lane where ``writer``
+    holds stores its rows' scales into ``scale_rows[first_row ..]``."""
+    packed_words(dst).store(words.load())
+    if writer:
+        for i in cutlass.range_constexpr(ilp):
+            scale_rows[first_row + i] = scales[i]
 
 
 #: 1.5 * 2^23: a float whose ulp is 1 and whose low mantissa byte is 0

@@ -141,6 +141,8 @@ def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int
         reduction = f"reduces its dot products over {' and over '.join(over)}, token by token"
         if variant.preload_tokens:
             reduction += " (every token's q, k, v and gates loaded before the first)"
+        if variant.late_stores:
+            reduction += ", each token's stores after the next token's dot products"
     else:
         rows_held = reduce_scatter(variant.ilp, variant.threads_per_group, stride).rows_held
         reduction = (

@@ -109,6 +109,13 @@ class Variant(_Strict):
     #: output and cache stores (the compiler may not move a load above a store that could alias
     #: it), one memory round trip per token; preloaded, all T tokens' loads share one
     preload_tokens: bool = False
+    #: stepwise solve only: store each token's output row and state (per-token slots, verify
+    #: cache) after the next token's dot products, not after its own update. A store is a branch
+    #: and a branch a wall to the compilers' scheduling: after the update, each token's stores
+    #: (a quantized state's amax butterfly with them) came between it and the next token's
+    #: work; late, they overlap it, for the registers that hold them meanwhile (latency for
+    #: occupancy: docs/design.md, "Late stores")
+    late_stores: bool = False
     #: CTAs the compiler must fit on one SM (launch bounds; 0: no bound): caps the registers of
     #: a thread at SM_REGISTERS / (min_ctas_per_sm * threads), trading spills for occupancy
     min_ctas_per_sm: int = Field(default=0, ge=0, le=32)
@@ -212,6 +219,8 @@ class Variant(_Strict):
             parts.append("pf")
         if self.preload_tokens:
             parts.append("pre")
+        if self.late_stores:
+            parts.append("late")
         if self.unroll_passes:
             parts.append("unroll")
         if self.min_ctas_per_sm:
@@ -301,6 +310,11 @@ class Variant(_Strict):
             )
         if self.unroll_passes and self.row_passes == 1:
             raise ValueError("unroll_passes unrolls the row-pass loop, so it needs row_passes > 1")
+        if self.late_stores and self.solve != "stepwise":
+            raise ValueError(
+                "late_stores needs solve: stepwise (the staged solve's token loop holds only the "
+                "update and the stores)"
+            )
         if self.preload_tokens and self.solve != "stepwise":
             raise ValueError(
                 "preload_tokens needs solve: stepwise (the staged solve stages every token's "
