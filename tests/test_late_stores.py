@@ -1,13 +1,14 @@
 """Late stores (the variant knob ``late_stores``; docs/design.md, "Late stores"), without a GPU:
 each token's output row and state stores come after the next token's dot products, with the
-same stores as the kernel without the knob; and the spec refuses the knob where it has no
-meaning."""
+same stores as the kernel without the knob, whose body takes it as a number; and the spec
+refuses the knob where it has no meaning."""
 
 import math
 import re
 
 import pytest
 
+from gdngen.emit.plan import KernelPlan
 from gdngen.emit.shape import KernelShape
 from gdngen.runtime.compile import CompileKey, compile_kernel
 from gdngen.runtime.kernel_table import load_kernel
@@ -58,18 +59,28 @@ def test_late_stores_follow_the_next_tokens_dot_products(tmp_path, early, late):
     assert late_stores == early_stores
 
 
-def test_the_knob_names_its_variants_and_their_body():
+def test_the_knob_names_its_variants_and_is_a_number_of_their_body():
     variant = Variant(
         layout="k_last", state_dtype="int8", tile_v=8, ilp=2, vec=8, threads_per_group=16,
         preload_tokens=True, late_stores=True,
     )  # fmt: skip
-    assert variant.name_for("sm_90a").endswith("_pre_late_sm90")
-    assert KernelShape.of(variant).name == "kl_stepwise_pre_held_late_scaled"
+    plan = KernelPlan.of(variant, "sm_90a")
+    assert plan.name == "kl_int8_tv8_ilp2_vec8_tpg16_pre_late_sm90"
+    # the body of the same point without the knob, which takes it as LATE_STORES
+    assert plan.shape == KernelShape.of(variant.model_copy(update={"late_stores": False}))
+    assert plan.device_numbers["LATE_STORES"] is True
 
 
-def test_the_staged_solve_refuses_late_stores():
-    with pytest.raises(ValueError, match="late_stores needs solve: stepwise"):
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(state_dtype="int8", solve="staged"),  # the staged solve's loop: update and stores
+        dict(state_dtype="bf16"),  # no butterfly in a 16-bit state's stores
+    ],
+)
+def test_the_knob_is_refused_outside_the_quantized_stepwise_solve(knobs):
+    with pytest.raises(ValueError, match="late_stores is a knob of the quantized states'"):
         Variant(
-            layout="k_last", state_dtype="bf16", tile_v=64, ilp=8, vec=8, threads_per_group=16,
-            solve="staged", late_stores=True,
+            layout="k_last", tile_v=64, ilp=8, vec=8, threads_per_group=16, late_stores=True,
+            **knobs,
         )  # fmt: skip

@@ -76,9 +76,11 @@ class KernelPlan:
     #: CuTe's LoadCacheMode and StoreCacheMode members of the state's cache operators
     load_cache_mode: str
     store_cache_mode: str
+    #: each token's stores after the next token's dot products (Variant.late_stores)
+    late_stores: bool
 
     @property
-    def device_numbers(self) -> dict[str, int | str]:
+    def device_numbers(self) -> dict[str, int | str | bool]:
         """What its row passes to its body's ``device_code``, by keyword (KernelShape.numbers):
         each the field of the keyword's name in lower case."""
         return {name: getattr(self, name.lower()) for name, _ in self.shape.numbers}
@@ -109,6 +111,7 @@ class KernelPlan:
                 "ALWAYS" if variant.state_load_cache == "all" else variant.state_load_cache.upper()
             ),
             store_cache_mode=variant.state_store_cache.upper(),
+            late_stores=variant.late_stores,
         )
 
 

@@ -64,9 +64,6 @@ class KernelShape:
     holds_state_behind_slot_table: bool
     #: :func:`gates_in_token_loop_behind_slot_table`
     gates_in_token_loop_behind_slot_table: bool
-    #: each token's output and state stored after the next token's dot products
-    #: (Variant.late_stores)
-    late_stores: bool = False
     #: the state is stored quantized with a scale per row (int8, fp8 e4m3: docs/design.md,
     #: "Quantized state"): dequantized at its first use, its rows' amax reduced and quantized as
     #: it is stored
@@ -89,7 +86,6 @@ class KernelShape:
             unroll_passes=variant.unroll_passes,
             holds_state_behind_slot_table=holds_state_behind_slot_table(variant),
             gates_in_token_loop_behind_slot_table=gates_in_token_loop_behind_slot_table(variant),
-            late_stores=variant.late_stores,
             scaled_state=variant.state_dtype in SCALED_STATE_DTYPES,
         )
 
@@ -106,6 +102,7 @@ class KernelShape:
                 if self.cache_ops
                 else ()
             )
+            + ((("LATE_STORES", "bool"),) if self.scaled_state and self.solve == "stepwise" else ())
         )
 
     @property
@@ -143,8 +140,6 @@ class KernelShape:
                 parts.append(
                     "behind a per-token slot table, each token's gates computed in its turn"
                 )
-            if self.late_stores:
-                parts.append("each token's stores after the next token's dot products")
         else:
             parts = [
                 "the tokens solved staged: q, k and the gates staged once per CTA in shared "
@@ -185,7 +180,6 @@ class KernelShape:
             ("pre", self.preload_tokens),
             ("held", self.holds_state_behind_slot_table),
             ("gates_in_loop", self.gates_in_token_loop_behind_slot_table),
-            ("late", self.late_stores),
             ("unroll", self.unroll_passes),
             ("cache_ops", self.cache_ops),
             ("scaled", self.scaled_state),

@@ -109,12 +109,12 @@ class Variant(_Strict):
     #: output and cache stores (the compiler may not move a load above a store that could alias
     #: it), one memory round trip per token; preloaded, all T tokens' loads share one
     preload_tokens: bool = False
-    #: stepwise solve only: store each token's output row and state (per-token slots, verify
-    #: cache) after the next token's dot products, not after its own update. A store is a branch
-    #: and a branch a wall to the compilers' scheduling: after the update, each token's stores
-    #: (a quantized state's amax butterfly with them) came between it and the next token's
-    #: work; late, they overlap it, for the registers that hold them meanwhile (latency for
-    #: occupancy: docs/design.md, "Late stores")
+    #: a quantized state's stepwise solve only: store each token's output row and state
+    #: (per-token slots, verify cache) after the next token's dot products, not after its own
+    #: update. A store is a branch and a branch a wall to the compilers' scheduling: after the
+    #: update, each token's quantization and stores came between it and the next token's work;
+    #: late, they overlap it, for the registers that hold them meanwhile (latency for occupancy:
+    #: docs/design.md, "Late stores")
     late_stores: bool = False
     #: CTAs the compiler must fit on one SM (launch bounds; 0: no bound): caps the registers of
     #: a thread at SM_REGISTERS / (min_ctas_per_sm * threads), trading spills for occupancy
@@ -310,10 +310,14 @@ class Variant(_Strict):
             )
         if self.unroll_passes and self.row_passes == 1:
             raise ValueError("unroll_passes unrolls the row-pass loop, so it needs row_passes > 1")
-        if self.late_stores and self.solve != "stepwise":
+        if self.late_stores and (
+            self.solve != "stepwise" or self.state_dtype not in SCALED_STATE_DTYPES
+        ):
             raise ValueError(
-                "late_stores needs solve: stepwise (the staged solve's token loop holds only the "
-                "update and the stores)"
+                f"late_stores is a knob of the quantized states' stepwise solve (solve: stepwise, "
+                f"state_dtype one of {', '.join(SCALED_STATE_DTYPES)}: a 16-bit state's stores "
+                f"hold no butterfly, and deferred they ran slower); got solve: {self.solve}, "
+                f"state_dtype: {self.state_dtype}"
             )
         if self.preload_tokens and self.solve != "stepwise":
             raise ValueError(
