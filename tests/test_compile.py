@@ -65,16 +65,15 @@ def _keys(info, module):
 
 
 #: ptxas spills, pinned to the byte: (target, variant, T) -> (spill stores, spill loads, stack
-#: frame) in bytes. Each is a form its target's dispatch never picks the variant for (no rule
-#: uses it at that T). A change that moves a count fails here.
-#: - int8 `tv128_ilp8` (an sm_90a pick at T = 1 only) spills 8 bytes at T = 8 with every token's
-#:   state quantized and stored: a warp shares each token's gates from T = 3, and their 2T
-#:   values live through the token loop (docs/design.md, "Gates shared by the warp").
+#: frame) in bytes. Each must be a form its target's dispatch never picks the variant for (no
+#: rule uses it at that T). A change that moves a count fails here. None now:
+#: - int8 `tv128_ilp8` (an sm_90a pick at T = 1 only) spilled 8 bytes at T = 8 with every
+#:   token's state stored, from the warp-shared gates (docs/design.md, "Gates shared by the
+#:   warp") until a row's scales were stored after all its words, under one branch
+#:   (gdngen/device/quant.py, store_scaled_rows); 211 registers there now, unspilled.
 #: - fp32 `tv32_ilp4_vec8_tpg32` on sm_120a and sm_121a spilled 4 bytes at T = 8 (80 registers)
-#:   until then; it takes 104 registers there now, unspilled.
-KNOWN_SPILLS = {
-    ("h200", "kl_int8_tv128_ilp8_vec8_tpg16_sm90", 8): (8, 64, 8),
-}
+#:   until the warp-shared gates; 104 registers there now, unspilled.
+KNOWN_SPILLS: dict[tuple[str, str, int], tuple[int, int, int]] = {}
 
 
 def test_known_spills_are_forms_the_dispatch_never_picks():
