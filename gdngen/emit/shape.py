@@ -56,7 +56,7 @@ class KernelShape:
     #: state_load_cache or state_store_cache)
     cache_ops: bool
     preload_tokens: bool
-    #: staged solve: the rows walked in passes (row_passes > 1), with prefetch or unrolled
+    #: the rows walked in passes (row_passes > 1), with prefetch or (staged) unrolled
     row_passes: bool
     prefetch: bool
     unroll_passes: bool
@@ -96,7 +96,7 @@ class KernelShape:
         return (
             (("TILE_V", "int"), ("ILP", "int"), ("VEC", "int"), ("THREADS_PER_GROUP", "int"))
             + ((("K_SPLITS", "int"),) if self.k_split else ())
-            + ((("ROW_PASSES", "int"),) if self.solve == "staged" else ())
+            + ((("ROW_PASSES", "int"),) if self.solve == "staged" or self.row_passes else ())
             + (
                 (("STATE_VECTOR", "int"), ("LOAD_CACHE_MODE", "str"), ("STORE_CACHE_MODE", "str"))
                 if self.cache_ops
@@ -104,6 +104,12 @@ class KernelShape:
             )
             + ((("LATE_STORES", "bool"),) if self.scaled_state and self.solve == "stepwise" else ())
         )
+
+    @property
+    def fuses_conv_and_norm(self) -> bool:
+        """Whether the body has the conv1d prologue and the gated RMSNorm epilogue: the stepwise
+        solve in one pass (gdngen.spec.model.Variant.serves_gated_norm)."""
+        return self.solve == "stepwise" and not self.row_passes
 
     @property
     def state_raw_until_use(self) -> str:
@@ -114,7 +120,7 @@ class KernelShape:
         design", staged solve), "slot_table" (behind the conv1d prologue or a per-token slot
         table: holds_state_behind_slot_table) or "conv" (behind the conv1d prologue only:
         docs/design.md, "The conv1d prologue")."""
-        if self.scaled_state and not self.row_passes:
+        if self.scaled_state and not (self.solve == "staged" and self.row_passes):
             return "scaled"
         if self.solve == "staged" and not self.row_passes:
             return "always"
@@ -139,6 +145,16 @@ class KernelShape:
             if self.gates_in_token_loop_behind_slot_table:
                 parts.append(
                     "behind a per-token slot table, each token's gates computed in its turn"
+                )
+            if self.row_passes:
+                parts.append(
+                    "a group's rows walked in passes, at T = 1 over one read of the token's q, k "
+                    "and gates"
+                    + (
+                        ", each pass's tile loaded while the one before computes"
+                        if self.prefetch
+                        else ""
+                    )
                 )
         else:
             parts = [

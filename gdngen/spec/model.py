@@ -95,8 +95,10 @@ class Variant(_Strict):
     k_splits: int = Field(default=1, ge=1, le=32)
     packed_fma: bool = False
     solve: Solve = "stepwise"
-    #: staged solve only: a group walks its rows in this many passes of ``ilp`` rows, so a CTA
-    #: covers more rows (one staging, fewer CTAs) without holding more registers
+    #: a group walks its rows in this many passes of ``ilp`` rows, so a CTA covers more rows
+    #: without holding more registers: staged, with one staging; stepwise (a quantized state's),
+    #: with the token's q, k, norms and gates read once for every pass at T = 1
+    #: (docs/design.md, "Row passes")
     row_passes: int = Field(default=1, ge=1, le=8)
     #: with row passes: load the next pass's tile while this pass computes (a second register
     #: tile in the state dtype), so a CTA overlaps its own loads with its own arithmetic
@@ -148,6 +150,7 @@ class Variant(_Strict):
         whole warps, and at most PORTABLE_CLUSTER CTAs a head (their sums meet in a cluster)."""
         return (
             self.solve == "stepwise"
+            and self.row_passes == 1
             and self.threads % WARP == 0
             and V % self.tile_v == 0
             and V // self.tile_v <= PORTABLE_CLUSTER
@@ -298,18 +301,31 @@ class Variant(_Strict):
             )
         if self.row_passes & (self.row_passes - 1):
             raise ValueError(f"row_passes must be a power of two; got {self.row_passes}")
-        if self.row_passes > 1 and self.solve != "staged":
+        if (
+            self.row_passes > 1
+            and self.solve == "stepwise"
+            and (
+                self.state_dtype not in SCALED_STATE_DTYPES
+                or self.k_splits > 1
+                or self.preload_tokens
+            )
+        ):
             raise ValueError(
-                f"row_passes={self.row_passes} needs solve: staged (a stepwise kernel keeps its "
-                f"rows for all tokens in one pass)"
+                f"row_passes={self.row_passes} with solve: stepwise is a knob of the quantized "
+                f"states (state_dtype one of {', '.join(SCALED_STATE_DTYPES)}: their lanes' "
+                f"fixed work, which the passes share, is what bounds them at T = 1), without "
+                f"k_splits or preload_tokens; got state_dtype: {self.state_dtype}, k_splits="
+                f"{self.k_splits}, preload_tokens={self.preload_tokens}"
             )
         if self.prefetch and self.row_passes == 1:
-            raise ValueError(
-                "prefetch loads the next row pass's tile, so it needs row_passes > 1 (and with "
-                "it solve: staged)"
-            )
+            raise ValueError("prefetch loads the next row pass's tile, so it needs row_passes > 1")
         if self.unroll_passes and self.row_passes == 1:
             raise ValueError("unroll_passes unrolls the row-pass loop, so it needs row_passes > 1")
+        if self.unroll_passes and self.solve == "stepwise":
+            raise ValueError(
+                "unroll_passes is a knob of the staged solve: the stepwise solve's pass loop is "
+                "always unrolled (its passes share the tokens' inputs, read in the first)"
+            )
         if self.late_stores and (
             self.solve != "stepwise" or self.state_dtype not in SCALED_STATE_DTYPES
         ):
