@@ -35,7 +35,7 @@ from gdngen.runtime.kernel_table import load_kernel
 
 #: the compile keys, by name: the call forms whose code differs most (docs/design.md, "Call
 #: forms"); "spec_uniform" is the spec form with rows placed at n * T and an exact table.
-#: "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants only; the
+#: "fused_*" add the conv1d prologue and the gated RMSNorm epilogue (stepwise variants in one pass; the
 #: norm only where a head's CTAs fit one portable cluster). "*_pdl" launch with programmatic
 #: dependent launch, "verify_strided" takes a strided pool. "recovery" is FlashInfer's state
 #: recovery, each row's boundary from accepted_steps, with write slots.
@@ -82,7 +82,7 @@ def compile_key(name: str, variant: str, knobs, info, module) -> CompileKey | No
             plain, tokens=4, index_dtype="int32", separate_write_slots=True,
             accepted_steps_dtype="int32",
         )  # fmt: skip
-    if knobs.solve != "stepwise":
+    if knobs.solve != "stepwise" or knobs.row_passes > 1:  # no conv prologue or norm epilogue
         return None
     norm = geometry.V // knobs.tile_v <= PORTABLE_CLUSTER
     if name == "fused_spec":

@@ -78,6 +78,8 @@ class KernelPlan:
     store_cache_mode: str
     #: each token's stores after the next token's dot products (Variant.late_stores)
     late_stores: bool
+    #: the next row pass's tile loaded during the pass before (Variant.prefetch)
+    prefetch: bool
 
     @property
     def device_numbers(self) -> dict[str, int | str | bool]:
@@ -112,6 +114,7 @@ class KernelPlan:
             ),
             store_cache_mode=variant.state_store_cache.upper(),
             late_stores=variant.late_stores,
+            prefetch=variant.prefetch,
         )
 
 

@@ -56,7 +56,8 @@ class KernelShape:
     #: state_load_cache or state_store_cache)
     cache_ops: bool
     preload_tokens: bool
-    #: the rows walked in passes (row_passes > 1), with prefetch or (staged) unrolled
+    #: the rows walked in passes (row_passes > 1); the staged solve's with prefetch or unrolled
+    #: (the stepwise solve takes prefetch as a number, PREFETCH)
     row_passes: bool
     prefetch: bool
     unroll_passes: bool
@@ -82,7 +83,7 @@ class KernelShape:
             ),
             preload_tokens=variant.preload_tokens,
             row_passes=variant.row_passes > 1,
-            prefetch=variant.prefetch,
+            prefetch=variant.prefetch and variant.solve == "staged",
             unroll_passes=variant.unroll_passes,
             holds_state_behind_slot_table=holds_state_behind_slot_table(variant),
             gates_in_token_loop_behind_slot_table=gates_in_token_loop_behind_slot_table(variant),
@@ -102,6 +103,7 @@ class KernelShape:
                 if self.cache_ops
                 else ()
             )
+            + ((("PREFETCH", "bool"),) if self.solve == "stepwise" and self.row_passes else ())
             + ((("LATE_STORES", "bool"),) if self.scaled_state and self.solve == "stepwise" else ())
         )
 
@@ -150,11 +152,6 @@ class KernelShape:
                 parts.append(
                     "a group's rows walked in passes, at T = 1 over one read of the token's q, k "
                     "and gates"
-                    + (
-                        ", each pass's tile loaded while the one before computes"
-                        if self.prefetch
-                        else ""
-                    )
                 )
         else:
             parts = [
