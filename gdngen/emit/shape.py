@@ -97,7 +97,7 @@ class KernelShape:
         return (
             (("TILE_V", "int"), ("ILP", "int"), ("VEC", "int"), ("THREADS_PER_GROUP", "int"))
             + ((("K_SPLITS", "int"),) if self.k_split else ())
-            + ((("ROW_PASSES", "int"),) if self.solve == "staged" or self.row_passes else ())
+            + ((("ROW_PASSES", "int"),) if self.takes_row_passes else ())
             + (
                 (("STATE_VECTOR", "int"), ("LOAD_CACHE_MODE", "str"), ("STORE_CACHE_MODE", "str"))
                 if self.cache_ops
@@ -106,6 +106,12 @@ class KernelShape:
             + ((("PREFETCH", "bool"),) if self.solve == "stepwise" and self.row_passes else ())
             + ((("LATE_STORES", "bool"),) if self.scaled_state and self.solve == "stepwise" else ())
         )
+
+    @property
+    def takes_row_passes(self) -> bool:
+        """Whether the body takes ROW_PASSES, its groups walking ILP rows a pass: the staged solve
+        always (one pass or more), the stepwise solve with row passes."""
+        return self.solve == "staged" or self.row_passes
 
     @property
     def fuses_conv_and_norm(self) -> bool:
