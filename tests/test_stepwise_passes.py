@@ -1,8 +1,9 @@
 """Row passes in the stepwise solve (a quantized state's; docs/design.md, "Row passes"), without a
 GPU: at T = 1 a lane reads and reduces its token's q, k, norms and gates once for all its
 passes, and stores every pass's rows; above T = 1 each pass solves its tokens as a one-pass
-kernel does. The spec refuses the knob where it has no meaning, and the shape has neither the
-conv1d prologue nor the gated RMSNorm epilogue."""
+kernel does. With async_tiles the later passes' tiles are copied into shared memory as the
+kernel starts. The spec refuses the knobs where they have no meaning, and the shape has neither
+the conv1d prologue nor the gated RMSNorm epilogue."""
 
 import math
 import re
@@ -17,6 +18,7 @@ from generated.h200.kernels import KERNELS
 
 ONE_PASS = "kl_int8_tv32_ilp4_vec16_tpg8_sm90"
 TWO_PASSES = "kl_int8_tv64_ilp4_vec16_tpg8_passes2_sm90"
+TWO_PASSES_ASYNC = "kl_int8_tv64_ilp4_vec16_tpg8_passes2_async_sm90"
 
 #: dense rows, [B] slots, the final state written
 DENSE = dict(
@@ -27,7 +29,8 @@ DENSE = dict(
 
 
 def ptx_counts(tmp_path, variant: str, tokens: int) -> dict[str, int]:
-    """Butterfly shuffles, ex2 (the gates' exponentials), global loads and stores in the PTX of
+    """Butterfly shuffles, ex2 (the gates' exponentials), global loads and stores, and the async
+    copies into shared memory, their commits and waits and the shared loads, in the PTX of
     ``variant`` at T = ``tokens``."""
     key = CompileKey(variant=variant, arch="sm_90a", tokens=tokens, **DENSE)
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -38,6 +41,11 @@ def ptx_counts(tmp_path, variant: str, tokens: int) -> dict[str, int]:
         "ex2": r"\bex2\.approx",
         "loads": r"\bld\.global\b",
         "stores": r"\bst\.global\b",
+        "row_copies": r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 16;",
+        "scale_copies": r"cp\.async\.ca\.shared\.global \[[^]]*\], \[[^]]*\], 4;",
+        "commits": r"cp\.async\.commit_group",
+        "waits": r"cp\.async\.wait_group",
+        "shared_loads": r"\bld\.shared\b",
     }
     return {name: len(re.findall(pattern, ptx)) for name, pattern in patterns.items()}
 
@@ -64,6 +72,20 @@ def test_above_one_token_each_pass_solves_its_tokens(tmp_path):
     assert two["stores"] == 2 * one["stores"]
 
 
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_async_tiles_copy_the_second_pass_into_shared_memory(tmp_path, tokens):
+    plain = ptx_counts(tmp_path / "plain", TWO_PASSES, tokens)
+    copied = ptx_counts(tmp_path / "async", TWO_PASSES_ASYNC, tokens)
+    ilp = load_kernel(f"generated.h200.kernels.{TWO_PASSES_ASYNC}").ILP
+    # the second pass's ILP rows of 16 bytes and their ILP scales, one commit group, one wait
+    assert copied["row_copies"] == ilp and copied["scale_copies"] == ilp
+    assert copied["commits"] == 1 and copied["waits"] == 1
+    assert plain["row_copies"] == plain["scale_copies"] == plain["commits"] == 0
+    # read back from shared memory instead of global memory; the rest of the kernel as before
+    assert copied["shared_loads"] > 0 and copied["loads"] < plain["loads"]
+    assert copied["butterflies"] == plain["butterflies"] and copied["stores"] == plain["stores"]
+
+
 def test_the_knob_names_its_variants_and_is_a_number_of_their_body():
     variant = Variant(
         layout="k_last", state_dtype="fp8_e4m3", tile_v=128, ilp=4, row_passes=4, prefetch=True,
@@ -77,6 +99,12 @@ def test_the_knob_names_its_variants_and_is_a_number_of_their_body():
     assert variant.groups == 8 and variant.threads == 64
     # no conv1d prologue and no gated RMSNorm: the rows a CTA holds at once are not its tile's
     assert not plan.shape.fuses_conv_and_norm and not variant.serves_gated_norm(128)
+    # async_tiles is a number of the same body
+    copied = KernelPlan.of(
+        variant.model_copy(update=dict(prefetch=False, async_tiles=True)), "sm_90a"
+    )
+    assert copied.name == "kl_fp8_e4m3_tv128_ilp4_vec16_tpg8_passes4_async_sm90"
+    assert copied.shape == plan.shape and copied.device_numbers["ASYNC_TILES"] is True
 
 
 def test_its_body_has_no_conv_prologue_or_norm_epilogue():
@@ -91,8 +119,20 @@ def test_its_body_has_no_conv_prologue_or_norm_epilogue():
         (dict(state_dtype="bf16"), ["quantized states", "state_dtype: bf16"]),
         (dict(preload_tokens=True), ["without k_splits or preload_tokens"]),
         (dict(unroll_passes=True), ["unroll_passes is a knob of the staged solve"]),
+        (dict(row_passes=1, async_tiles=True), ["async_tiles", "row_passes=1"]),
+        (dict(prefetch=True, async_tiles=True), ["async_tiles", "prefetch=True"]),
+        (dict(solve="staged", async_tiles=True), ["async_tiles", "solve: staged"]),
+        (dict(vec=32, tile_v=128, async_tiles=True), ["async_tiles", "vec=32", "32 bytes"]),
     ],
-    ids=["a_16_bit_state", "with_preloaded_tokens", "unrolled_by_a_knob"],
+    ids=[
+        "a_16_bit_state",
+        "with_preloaded_tokens",
+        "unrolled_by_a_knob",
+        "async_in_one_pass",
+        "async_with_prefetch",
+        "async_in_the_staged_solve",
+        "async_rows_of_32_bytes",
+    ],
 )
 def test_the_knob_is_refused_where_it_has_no_meaning(knobs, fragments):
     base = dict(

@@ -80,6 +80,9 @@ class KernelPlan:
     late_stores: bool
     #: the next row pass's tile loaded during the pass before (Variant.prefetch)
     prefetch: bool
+    #: every later row pass's tile copied into shared memory as the kernel starts
+    #: (Variant.async_tiles)
+    async_tiles: bool
 
     @property
     def device_numbers(self) -> dict[str, int | str | bool]:
@@ -115,6 +118,7 @@ class KernelPlan:
             store_cache_mode=variant.state_store_cache.upper(),
             late_stores=variant.late_stores,
             prefetch=variant.prefetch,
+            async_tiles=variant.async_tiles,
         )
 
 
@@ -137,6 +141,8 @@ def _summary(variant: Variant, stride: int, offsets: tuple[int, ...], loads: int
     tiles = ","
     if variant.row_passes > 1:
         overlap = " (each loaded while the one before computes)" if variant.prefetch else ""
+        if variant.async_tiles:
+            overlap = " (the later ones copied into shared memory as the kernel starts)"
         unrolled = " in an unrolled loop" if variant.unroll_passes else ""
         tiles = f", {variant.row_passes} tiles one after the other{unrolled}{overlap},"
     if variant.solve == "stepwise":

@@ -57,7 +57,7 @@ class KernelShape:
     cache_ops: bool
     preload_tokens: bool
     #: the rows walked in passes (row_passes > 1); the staged solve's with prefetch or unrolled
-    #: (the stepwise solve takes prefetch as a number, PREFETCH)
+    #: (the stepwise solve takes prefetch and async_tiles as numbers, PREFETCH and ASYNC_TILES)
     row_passes: bool
     prefetch: bool
     unroll_passes: bool
@@ -103,7 +103,11 @@ class KernelShape:
                 if self.cache_ops
                 else ()
             )
-            + ((("PREFETCH", "bool"),) if self.solve == "stepwise" and self.row_passes else ())
+            + (
+                (("PREFETCH", "bool"), ("ASYNC_TILES", "bool"))
+                if self.solve == "stepwise" and self.row_passes
+                else ()
+            )
             + ((("LATE_STORES", "bool"),) if self.scaled_state and self.solve == "stepwise" else ())
         )
 

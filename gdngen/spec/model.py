@@ -34,6 +34,8 @@ from gdngen.terms import (
 
 #: width of one vector load or store, in bytes, that a lane may issue
 LOAD_BYTES = (8, 16)
+#: sizes of one cp.async copy (PTX cp.async: 4, 8 or 16 bytes)
+ASYNC_COPY_BYTES = (4, 8, 16)
 #: vector loads a K-last lane may spend on its vec columns of one row: two 16-byte loads let a
 #: warp cover a 256-column fp32 row, the widest head dim, without splitting K over warps
 MAX_ROW_LOADS = 2
@@ -103,6 +105,11 @@ class Variant(_Strict):
     #: with row passes: load the next pass's tile while this pass computes (a second register
     #: tile in the state dtype), so a CTA overlaps its own loads with its own arithmetic
     prefetch: bool = False
+    #: a quantized state's stepwise row passes only: copy every later pass's tile and scales into
+    #: shared memory as the kernel starts (cp.async), so all of a CTA's state loads are in flight
+    #: at once without a register held for them (docs/design.md, "Row passes in the stepwise
+    #: solve")
+    async_tiles: bool = False
     #: with row passes: unroll the pass loop, so the compiler may schedule a pass's loads into
     #: the pass before (as registers allow) instead of a rolled loop holding one pass's registers
     unroll_passes: bool = False
@@ -220,6 +227,8 @@ class Variant(_Strict):
             parts.append(f"passes{self.row_passes}")
         if self.prefetch:
             parts.append("pf")
+        if self.async_tiles:
+            parts.append("async")
         if self.preload_tokens:
             parts.append("pre")
         if self.late_stores:
@@ -319,6 +328,19 @@ class Variant(_Strict):
             )
         if self.prefetch and self.row_passes == 1:
             raise ValueError("prefetch loads the next row pass's tile, so it needs row_passes > 1")
+        if self.async_tiles and (self.solve != "stepwise" or self.row_passes == 1 or self.prefetch):
+            raise ValueError(
+                f"async_tiles copies the later row passes' tiles of a quantized state's stepwise "
+                f"solve into shared memory, so it needs solve: stepwise, row_passes > 1 and no "
+                f"prefetch (which loads the next tile into registers instead); got solve: "
+                f"{self.solve}, row_passes={self.row_passes}, prefetch={self.prefetch}"
+            )
+        if self.async_tiles and self.vec * self.state_bytes not in ASYNC_COPY_BYTES:
+            raise ValueError(
+                f"async_tiles copies a lane's part of a row in one cp.async of "
+                f"{' or '.join(map(str, ASYNC_COPY_BYTES))} bytes; got vec={self.vec} of "
+                f"{self.state_dtype} ({self.vec * self.state_bytes} bytes)"
+            )
         if self.unroll_passes and self.row_passes == 1:
             raise ValueError("unroll_passes unrolls the row-pass loop, so it needs row_passes > 1")
         if self.unroll_passes and self.solve == "stepwise":
